@@ -1,0 +1,3 @@
+from tidings.cli import main
+
+main()

@@ -1,0 +1,123 @@
+"""Settings, read once from the environment. Every name is documented in the README."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+class SettingError(ValueError):
+    """A setting has a value Tidings cannot use."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{name} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise SettingError(f"{name} must be at least {minimum}, not {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name} must be a number, not {raw!r}") from None
+    if value < minimum:
+        raise SettingError(f"{name} must be at least {minimum}, not {value}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise SettingError(f"{name} must be true or false, not {raw!r}")
+
+
+def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        values = tuple(float(part) for part in raw.split(","))
+    except ValueError:
+        raise SettingError(f"{name} must be comma-separated seconds, not {raw!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise SettingError(f"{name} must list one or more non-negative seconds")
+    return values
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the service reads from its environment."""
+
+    database_url: str | None = None
+    data_dir: Path = Path(".tidings")
+    db_pool_size: int = 10
+
+    max_body_bytes: int = 1024 * 1024
+    # Per-token requests per second (token bucket); 0 disables the limit.
+    rate_limit_per_second: float = 100.0
+    rate_limit_burst: int = 200
+
+    idempotency_retention_seconds: int = 86400
+    idempotency_lock_seconds: int = 30
+    idempotency_shards: int = 16
+    idempotency_sweep_seconds: float = 60.0
+
+    webhook_auto_disable_after: int = 20
+    webhook_retry_schedule: tuple[float, ...] = (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
+    webhook_timeout_seconds: float = 15.0
+    webhook_allow_private_urls: bool = False
+
+    email_provider: str = "sandbox"
+    sms_provider: str = "sandbox"
+
+    shutdown_grace_seconds: float = 8.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        env = os.environ if env is None else env
+        return cls(
+            database_url=env.get("DATABASE_URL") or None,
+            data_dir=Path(env.get("TIDINGS_DATA_DIR") or ".tidings"),
+            db_pool_size=_int(env, "TIDINGS_DB_POOL_SIZE", 10, minimum=2),
+            max_body_bytes=_int(env, "TIDINGS_MAX_BODY_BYTES", 1024 * 1024, minimum=1024),
+            rate_limit_per_second=_float(env, "TIDINGS_RATE_LIMIT_PER_SECOND", 100.0),
+            rate_limit_burst=_int(env, "TIDINGS_RATE_LIMIT_BURST", 200, minimum=1),
+            idempotency_retention_seconds=_int(
+                env, "IDEMPOTENCY_RETENTION_SECONDS", 86400, minimum=1
+            ),
+            idempotency_lock_seconds=_int(env, "IDEMPOTENCY_LOCK_SECONDS", 30, minimum=1),
+            webhook_auto_disable_after=_int(
+                env, "WEBHOOK_DELIVERY_AUTO_DISABLE_AFTER", 20, minimum=1
+            ),
+            webhook_retry_schedule=_schedule(
+                env, "WEBHOOK_RETRY_SCHEDULE", (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
+            ),
+            webhook_timeout_seconds=_float(env, "WEBHOOK_TIMEOUT_SECONDS", 15.0, minimum=0.1),
+            webhook_allow_private_urls=_bool(env, "WEBHOOK_ALLOW_PRIVATE_URLS", False),
+            email_provider=env.get("TIDINGS_EMAIL_PROVIDER") or "sandbox",
+            sms_provider=env.get("TIDINGS_SMS_PROVIDER") or "sandbox",
+            log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
+        )
+
+    def with_(self, **changes: object) -> Config:
+        return replace(self, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,105 @@
+"""The Quart application: every group's routes, and errors as envelopes.
+
+No response leaves without an envelope: unknown routes, wrong methods,
+oversized bodies and unexpected exceptions included. A stack trace goes to
+the log, never into a response.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from quart import Response, g, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from tidings.http import contacts, system, tokens
+from tidings.http.envelope import ApiError, error_body, error_response, json_response
+from tidings.http.routing import Route, Routes, make_view
+
+if TYPE_CHECKING:
+    from tidings.app import Service
+
+log = logging.getLogger("tidings.http")
+
+GROUPS: tuple[Routes, ...] = (system.routes, tokens.routes, contacts.routes)
+
+HTTP_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "BAD_REQUEST",
+    409: "CONFLICT",
+    413: "PAYLOAD_TOO_LARGE",
+    422: "UNPROCESSABLE_ENTITY",
+    429: "TOO_MANY_REQUESTS",
+    503: "SERVICE_UNAVAILABLE",
+}
+
+
+def all_routes() -> list[Route]:
+    return [route for group in GROUPS for route in group.items]
+
+
+def http_error(error: HTTPException) -> Response:
+    status = error.code or 500
+    if status == 404:
+        message = f"no route for {request.method} {request.path}"
+    elif status == 405:
+        allowed = sorted(getattr(error, "valid_methods", None) or [])
+        message = f"method {request.method} is not allowed on {request.path}"
+        if allowed:
+            message += f"; allowed: {', '.join(allowed)}"
+    elif status == 413:
+        limit = request.max_content_length
+        message = f"request body is larger than the limit of {limit} bytes"
+    else:
+        message = error.description or error.name
+    code = HTTP_CODES.get(status, "INTERNAL_ERROR" if status >= 500 else "BAD_REQUEST")
+    return json_response(status, error_body(code, message))
+
+
+def create_app(service: Service) -> QuartTrio:
+    app = QuartTrio("tidings")
+    app.config["MAX_CONTENT_LENGTH"] = service.config.max_body_bytes
+    app.url_map.strict_slashes = False
+
+    for route in all_routes():
+        app.add_url_rule(
+            route.rule,
+            endpoint=f"{route.method} {route.path}",
+            view_func=make_view(service, route),
+            methods=[route.method],
+        )
+
+    @app.before_request
+    async def start_clock() -> None:
+        g.started = time.perf_counter()
+
+    @app.after_request
+    async def count(response: Response) -> Response:
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        started = getattr(g, "started", None)
+        elapsed = 0.0 if started is None else time.perf_counter() - started
+        service.metrics.observe(request.method, rule, response.status_code, elapsed)
+        return response
+
+    @app.errorhandler(ApiError)
+    async def api_error(error: ApiError) -> Response:
+        return error_response(error)
+
+    @app.errorhandler(HTTPException)
+    async def werkzeug_error(error: HTTPException) -> Response:
+        return http_error(error)
+
+    @app.errorhandler(Exception)
+    async def unexpected(error: Exception) -> Response:
+        log.error("unhandled error in %s %s", request.method, request.path, exc_info=error)
+        return json_response(
+            500, error_body("INTERNAL_ERROR", "internal error; the details are in the server log")
+        )
+
+    return app

@@ -1,0 +1,99 @@
+"""The success and error envelopes, and the error every handler raises."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel, ValidationError
+from quart import Response
+
+JSON = "application/json"
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, envelope code and a message for people."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "BAD_REQUEST", message)
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, "NOT_FOUND", f"{what} not found")
+
+
+def conflict(message: str) -> ApiError:
+    return ApiError(409, "CONFLICT", message)
+
+
+def unprocessable(message: str) -> ApiError:
+    return ApiError(422, "UNPROCESSABLE_ENTITY", message)
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, datetime):
+        return rfc3339(value)
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def dumps(document: Any) -> bytes:
+    return json.dumps(document, default=_default, separators=(",", ":")).encode()
+
+
+def success_body(data: Any) -> bytes:
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    return dumps({"success": True, "data": data})
+
+
+def error_body(code: str, message: str) -> bytes:
+    return dumps({"success": False, "error": {"code": code, "message": message}})
+
+
+def json_response(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
+    if status == 204:
+        return Response(b"", status=204, headers=headers)
+    return Response(body, status=status, content_type=JSON, headers=headers)
+
+
+def error_response(error: ApiError) -> Response:
+    return json_response(error.status, error_body(error.code, error.message), error.headers)
+
+
+def describe_validation(error: ValidationError, where: str) -> str:
+    """One line that names each offending field and why, e.g. ``email: ...``."""
+    parts = []
+    for detail in error.errors(include_url=False)[:5]:
+        location = ".".join(str(part) for part in detail["loc"]) or where
+        message = detail["msg"]
+        if detail["type"] == "missing":
+            message = "is required"
+        elif detail["type"] == "extra_forbidden":
+            message = "is not a known field"
+        parts.append(f"{location}: {message}")
+    more = len(error.errors()) - len(parts)
+    if more > 0:
+        parts.append(f"and {more} more")
+    return f"invalid {where}: " + "; ".join(parts)

@@ -1,0 +1,41 @@
+"""Routes without a token: health, metrics and the OpenAPI description."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+from quart import Response
+
+from tidings.http.envelope import ApiError
+from tidings.http.routing import Routes
+
+if TYPE_CHECKING:
+    from tidings.app import Service
+
+routes = Routes("System")
+
+
+@routes.route("GET", "/healthz", summary="Liveness of the process and its storage", public=True)
+async def healthz(service: Service) -> dict[str, Any]:
+    try:
+        with trio.fail_after(2):
+            async with service.db.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+    except Exception:
+        raise ApiError(503, "SERVICE_UNAVAILABLE", "storage is unreachable") from None
+    return {"status": "ok"}
+
+
+@routes.route("GET", "/metrics", summary="Prometheus metrics (text format)", public=True)
+async def metrics(service: Service) -> Response:
+    return Response(
+        service.metrics.render(), status=200, content_type="text/plain; version=0.0.4"
+    )
+
+
+@routes.route("GET", "/openapi.json", summary="This OpenAPI description", public=True)
+async def openapi(service: Service) -> Response:
+    from tidings.http.openapi import openapi_document
+
+    return Response(openapi_document(), status=200, content_type="application/json")

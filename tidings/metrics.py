@@ -1,0 +1,60 @@
+"""Prometheus metrics of one service: HTTP traffic and the actor runtime."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tidings.actors.supervisor import Supervisor
+
+
+class _SupervisorCollector(Collector):
+    def __init__(self, supervisors: Callable[[], list[Supervisor]]) -> None:  # type: ignore[type-arg]
+        self._supervisors = supervisors
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        running = GaugeMetricFamily(
+            "tidings_actors_running", "Actors running now", labels=["supervisor"]
+        )
+        queued = GaugeMetricFamily(
+            "tidings_actor_mailbox_messages", "Messages waiting in mailboxes", labels=["supervisor"]
+        )
+        restarts = CounterMetricFamily(
+            "tidings_actor_restarts", "Actors restarted after a crash", labels=["supervisor"]
+        )
+        for supervisor in self._supervisors():
+            running.add_metric([supervisor.name], len(supervisor.running()))
+            queued.add_metric([supervisor.name], supervisor.queued())
+            restarts.add_metric([supervisor.name], supervisor.restarts)
+        yield running
+        yield queued
+        yield restarts
+
+
+class Metrics:
+    def __init__(self, supervisors: Callable[[], list[Supervisor]]) -> None:  # type: ignore[type-arg]
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "tidings_http_requests",
+            "HTTP requests answered",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "tidings_http_request_duration_seconds",
+            "Time to answer an HTTP request",
+            ["method", "route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            registry=self.registry,
+        )
+        self.registry.register(_SupervisorCollector(supervisors))
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,69 @@
+"""Schema migrations: numbered SQL files applied in order, once each.
+
+They run at start under a PostgreSQL advisory lock, so two processes that
+start together on one database apply each migration exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+# "tidi" in ASCII: the advisory lock every Tidings process takes to migrate.
+MIGRATION_LOCK = 0x74696469
+
+CREATE_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+)
+"""
+SELECT_APPLIED = "SELECT version FROM schema_migrations"
+INSERT_APPLIED = "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)"
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def load_migrations() -> list[Migration]:
+    folder = resources.files("tidings.storage") / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        if not entry.name.endswith(".sql"):
+            continue
+        number, _, rest = entry.name.partition("_")
+        found.append(Migration(int(number), rest.removesuffix(".sql"), entry.read_text()))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise RuntimeError(f"two migrations share a number: {versions}")
+    return found
+
+
+async def migrate(conn: Any) -> list[str]:
+    """Apply the migrations this database lacks; return their names.
+
+    Each migration commits on its own. Cancelled midway, the database holds
+    the migrations applied so far and the next start applies the rest.
+    """
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+    try:
+        await conn.execute(CREATE_MIGRATIONS_TABLE)
+        applied = {row["version"] for row in await conn.fetch(SELECT_APPLIED)}
+        done = []
+        for migration in load_migrations():
+            if migration.version in applied:
+                continue
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(INSERT_APPLIED, migration.version, migration.name)
+            done.append(f"{migration.version:04d}_{migration.name}")
+        return done
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)

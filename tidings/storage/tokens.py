@@ -1,0 +1,151 @@
+"""Teams and their API tokens.
+
+A token's secret is ``svc_team_`` followed by 32 random bytes (base64url);
+only its SHA-256 is stored. Lookups go by that hash, and the stored hash is
+compared with the presented one in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+TOKEN_PREFIX = "svc_team_"
+# Step-up tokens live at most this long (CONTRACT §2).
+STEP_UP_MAX_SECONDS = 15 * 60
+
+UPSERT_TEAM = """
+INSERT INTO teams (name) VALUES ($1)
+ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
+RETURNING id
+"""
+
+INSERT_TOKEN = """
+INSERT INTO api_tokens (team_id, name, secret_hash, prefix, permissions, step_up, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6,
+        CASE WHEN $7::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $7::float8) END)
+RETURNING id, team_id, name, prefix, permissions, step_up, created_at, expires_at, revoked_at,
+          false AS expired
+"""
+
+TOKEN_COLUMNS = """
+id, team_id, name, prefix, permissions, step_up, created_at, expires_at, revoked_at,
+COALESCE(expires_at <= now(), false) AS expired
+"""
+
+SELECT_BY_HASH = f"SELECT secret_hash, {TOKEN_COLUMNS} FROM api_tokens WHERE secret_hash = $1"
+
+SELECT_TEAM_TOKENS = f"""
+SELECT {TOKEN_COLUMNS} FROM api_tokens
+WHERE team_id = $1
+ORDER BY created_at DESC, id DESC
+LIMIT $2 OFFSET $3
+"""
+
+REVOKE_TOKEN = f"""
+UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now())
+WHERE id = $1 AND ($2::uuid IS NULL OR team_id = $2)
+RETURNING {TOKEN_COLUMNS}
+"""
+
+
+@dataclass(frozen=True)
+class Token:
+    id: UUID
+    team_id: UUID
+    name: str | None
+    prefix: str
+    permissions: tuple[str, ...]
+    step_up: bool
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    expired: bool
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None and not self.expired
+
+    @classmethod
+    def from_row(cls, row: Any) -> Token:
+        return cls(
+            id=row["id"],
+            team_id=row["team_id"],
+            name=row["name"],
+            prefix=row["prefix"],
+            permissions=tuple(row["permissions"]),
+            step_up=row["step_up"],
+            created_at=row["created_at"],
+            expires_at=row["expires_at"],
+            revoked_at=row["revoked_at"],
+            expired=row["expired"],
+        )
+
+
+def new_secret() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+async def ensure_team(conn: Any, name: str) -> UUID:
+    """The id of the team called ``name``, created if it does not exist."""
+    team_id: UUID = await conn.fetchval(UPSERT_TEAM, name)
+    return team_id
+
+
+async def create_token(
+    conn: Any,
+    team_id: UUID,
+    permissions: list[str] | tuple[str, ...],
+    *,
+    name: str | None = None,
+    expires_in: float | None = None,
+    step_up: bool = False,
+) -> tuple[Token, str]:
+    """Create a token; return it and its secret (the only time the secret exists)."""
+    if step_up:
+        expires_in = STEP_UP_MAX_SECONDS if expires_in is None else min(
+            expires_in, STEP_UP_MAX_SECONDS
+        )
+    secret = new_secret()
+    row = await conn.fetchrow(
+        INSERT_TOKEN,
+        team_id,
+        name,
+        hash_secret(secret),
+        secret[: len(TOKEN_PREFIX) + 6],
+        sorted(set(permissions)),
+        step_up,
+        expires_in,
+    )
+    return Token.from_row(row), secret
+
+
+async def authenticate(conn: Any, secret: str) -> Token | None:
+    """The token whose secret this is, whether or not it is still active."""
+    if not secret.startswith(TOKEN_PREFIX):
+        return None
+    presented = hash_secret(secret)
+    row = await conn.fetchrow(SELECT_BY_HASH, presented)
+    if row is None or not hmac.compare_digest(bytes(row["secret_hash"]), presented):
+        return None
+    return Token.from_row(row)
+
+
+async def list_tokens(conn: Any, team_id: UUID, limit: int, offset: int) -> list[Token]:
+    rows = await conn.fetch(SELECT_TEAM_TOKENS, team_id, limit, offset)
+    return [Token.from_row(row) for row in rows]
+
+
+async def revoke_token(conn: Any, token_id: UUID, team_id: UUID | None = None) -> Token | None:
+    """Revoke a token (of ``team_id`` when given); None if there is no such token."""
+    row = await conn.fetchrow(REVOKE_TOKEN, token_id, team_id)
+    return None if row is None else Token.from_row(row)
