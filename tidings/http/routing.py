@@ -223,6 +223,11 @@ def idempotency_key() -> str | None:
     raw = request.headers.get(IDEMPOTENCY_HEADER)
     if raw is None:
         return None
+    try:
+        # Header values arrive as latin-1; clients send UTF-8 for non-ASCII keys.
+        raw = raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        pass
     key = raw.strip()
     if not key:
         raise bad_request(f"{IDEMPOTENCY_HEADER}: must not be empty")

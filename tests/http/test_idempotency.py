@@ -1,0 +1,255 @@
+"""The seven idempotency rules of the spec, over real HTTP and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import Credential, MakeToken
+from tidings.app import Service, open_service, serve_http
+from tidings.config import Config
+
+KEY = "Idempotency-Key"
+
+
+async def count_contacts(service: Service) -> int:
+    async with service.db.acquire() as conn:
+        count: int = await conn.fetchval("SELECT count(*) FROM contacts")
+    return count
+
+
+async def post(
+    client: httpx.AsyncClient, body: dict[str, Any], key: str | None
+) -> httpx.Response:
+    headers = {} if key is None else {KEY: key.encode()}
+    return await client.post("/contacts", json=body, headers=headers)
+
+
+async def test_replay_returns_stored_response_without_executing_again(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    first = await post(client, {"email": "a@example.com"}, "key-1")
+    assert first.status_code == 201
+    assert "Idempotent-Replayed" not in first.headers
+    again = await post(client, {"email": "a@example.com"}, "key-1")
+    assert again.status_code == 201
+    assert again.content == first.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert await count_contacts(service) == 1
+
+
+# HTTP itself strips the whitespace around a header value, so a blank key
+# arrives empty.
+@pytest.mark.parametrize("key", ["", "k" * 257])
+async def test_blank_or_long_keys_are_rejected(
+    client: httpx.AsyncClient, service: Service, key: str
+) -> None:
+    response = await post(client, {"email": "a@example.com"}, key)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "BAD_REQUEST"
+    assert "Idempotency-Key" in error["message"]
+    assert await count_contacts(service) == 0
+
+
+async def test_key_of_256_characters_is_accepted(client: httpx.AsyncClient) -> None:
+    response = await post(client, {"email": "a@example.com"}, "k" * 256)
+    assert response.status_code == 201
+    # Length counts characters (sent as UTF-8), not bytes.
+    response = await post(client, {"email": "b@example.com"}, "é" * 256)
+    assert response.status_code == 201
+    response = await post(client, {"email": "c@example.com"}, "é" * 257)
+    assert response.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/contacts", {"email": "other@example.com"}),
+        ("/contacts?dry=1", {"email": "a@example.com"}),
+    ],
+)
+async def test_same_key_different_request_is_a_conflict(
+    client: httpx.AsyncClient, service: Service, path: str, body: dict[str, Any]
+) -> None:
+    assert (await post(client, {"email": "a@example.com"}, "k")).status_code == 201
+    response = await client.post(path, json=body, headers={KEY: "k"})
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "CONFLICT"
+    assert "different request" in error["message"]
+    assert await count_contacts(service) == 1
+
+
+async def test_keys_are_scoped_to_the_credential(
+    client: httpx.AsyncClient, base_url: str, make_token: MakeToken, service: Service
+) -> None:
+    first = await post(client, {"email": "a@example.com"}, "shared")
+    other: Credential = await make_token(team="globex")
+    async with httpx.AsyncClient(base_url=base_url, headers=other.headers) as globex:
+        second = await post(globex, {"email": "a@example.com"}, "shared")
+    assert second.status_code == 201
+    assert "Idempotent-Replayed" not in second.headers
+    assert second.json()["data"]["id"] != first.json()["data"]["id"]
+    assert second.json()["data"]["team_id"] == str(other.team_id)
+    assert await count_contacts(service) == 2
+
+
+async def test_a_failed_request_does_not_pin_its_key(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    assert (await post(client, {"email": "taken@example.com"}, None)).status_code == 201
+    failed = await post(client, {"email": "taken@example.com"}, "retry-me")
+    assert failed.status_code == 409
+    async with service.db.acquire() as conn:
+        await conn.execute("DELETE FROM contacts")
+    retried = await post(client, {"email": "taken@example.com"}, "retry-me")
+    assert retried.status_code == 201
+    assert "Idempotent-Replayed" not in retried.headers
+    assert await count_contacts(service) == 1
+
+
+async def hold_contacts_lock(service: Service, release: trio.Event, *, task_status: Any) -> None:
+    """Block every insert into contacts until ``release`` is set."""
+    async with service.db.transaction() as conn:
+        await conn.execute("LOCK TABLE contacts IN EXCLUSIVE MODE")
+        task_status.started()
+        await release.wait()
+
+
+async def wait_for_processing(service: Service, key: str) -> None:
+    while True:
+        async with service.db.acquire() as conn:
+            status = await conn.fetchval("SELECT status FROM idempotency_keys WHERE key = $1", key)
+        if status == "processing":
+            return
+        await trio.sleep(0.02)
+
+
+async def test_same_key_while_processing_is_a_conflict(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    release = trio.Event()
+    results: list[httpx.Response] = []
+
+    async def first() -> None:
+        results.append(await post(client, {"email": "slow@example.com"}, "slow"))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hold_contacts_lock, service, release)
+        nursery.start_soon(first)
+        await wait_for_processing(service, "slow")
+        second = await post(client, {"email": "slow@example.com"}, "slow")
+        assert second.status_code == 409
+        assert second.json()["error"]["code"] == "CONFLICT"
+        assert "still processing" in second.json()["error"]["message"]
+        release.set()
+    assert results[0].status_code == 201
+    replay = await post(client, {"email": "slow@example.com"}, "slow")
+    assert replay.content == results[0].content
+    assert await count_contacts(service) == 1
+
+
+@asynccontextmanager
+async def custom_service(
+    database_url: str, credential: Credential, **settings: Any
+) -> AsyncIterator[tuple[Service, httpx.AsyncClient]]:
+    """A service with its own settings on the test's database, and a client of it."""
+    config = Config(
+        database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
+        shutdown_grace_seconds=2, **settings,
+    )
+    async with open_service(config) as service, trio.open_nursery() as nursery:
+        binds = await nursery.start(serve_http, service, "127.0.0.1", 0)
+        async with httpx.AsyncClient(base_url=binds[0], headers=credential.headers) as client:
+            yield service, client
+        nursery.cancel_scope.cancel()
+
+
+async def test_expired_processing_lock_says_so_and_the_retry_runs(
+    database_url: str, acme: Credential
+) -> None:
+    async with custom_service(database_url, acme, idempotency_lock_seconds=1) as (service, client):
+        await expired_lock_scenario(service, client)
+
+
+async def expired_lock_scenario(service: Service, client: httpx.AsyncClient) -> None:
+    release = trio.Event()
+    results: list[httpx.Response] = []
+
+    async def stuck() -> None:
+        results.append(await post(client, {"email": "stuck@example.com"}, "stuck"))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hold_contacts_lock, service, release)
+        nursery.start_soon(stuck)
+        await wait_for_processing(service, "stuck")
+        await trio.sleep(1.2)  # past IDEMPOTENCY_LOCK_SECONDS=1
+        expired = await post(client, {"email": "stuck@example.com"}, "stuck")
+        assert expired.status_code == 409
+        assert "expired" in expired.json()["error"]["message"]
+        release.set()
+    # The stuck attempt lost its claim: it must not commit.
+    assert results[0].status_code == 409
+    assert await count_contacts(service) == 0
+    retried = await post(client, {"email": "stuck@example.com"}, "stuck")
+    assert retried.status_code == 201
+    assert await count_contacts(service) == 1
+
+
+async def test_concurrent_identical_requests_execute_once(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    responses: list[httpx.Response] = []
+
+    async def send() -> None:
+        responses.append(await post(client, {"email": "race@example.com"}, "race"))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(12):
+            nursery.start_soon(send)
+    created = [r for r in responses if r.status_code == 201]
+    assert created, [r.text for r in responses]
+    assert {r.json()["data"]["id"] for r in created} == {created[0].json()["data"]["id"]}
+    assert all(r.status_code in (201, 409) for r in responses)
+    assert await count_contacts(service) == 1
+
+
+async def test_two_processes_on_one_database_execute_a_key_once(
+    database_url: str, client: httpx.AsyncClient, acme: Credential, service: Service
+) -> None:
+    """A second service on the same database has its own shards: only
+    PostgreSQL's unique key stands between them."""
+    responses: list[httpx.Response] = []
+
+    async def send(target: httpx.AsyncClient) -> None:
+        responses.append(await post(target, {"email": "both@example.com"}, "both"))
+
+    async with custom_service(database_url, acme) as (_, second):
+        async with trio.open_nursery() as senders:
+            for index in range(10):
+                senders.start_soon(send, client if index % 2 else second)
+    created = {r.json()["data"]["id"] for r in responses if r.status_code == 201}
+    assert len(created) == 1
+    assert await count_contacts(service) == 1
+
+
+async def test_records_expire_after_retention_and_are_swept(
+    database_url: str, acme: Credential
+) -> None:
+    async with custom_service(
+        database_url, acme, idempotency_retention_seconds=1, idempotency_sweep_seconds=0.2
+    ) as (service, client):
+        assert (await post(client, {"email": "a@example.com"}, "old")).status_code == 201
+        await trio.sleep(1.5)
+        async with service.db.acquire() as conn:
+            left = await conn.fetchval("SELECT count(*) FROM idempotency_keys")
+        assert left == 0
+        # The key is free again: a different request with it executes.
+        reused = await post(client, {"email": "b@example.com"}, "old")
+        assert reused.status_code == 201

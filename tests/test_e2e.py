@@ -1,0 +1,99 @@
+"""`tidings serve` as a real process on a fresh data dir, driven over a socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def service_env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["TIDINGS_DATA_DIR"] = str(data_dir)
+    return env
+
+
+async def wait_healthy(url: str, process: trio.Process) -> None:
+    async with httpx.AsyncClient() as client:
+        with trio.fail_after(90):
+            while True:
+                assert process.returncode is None, "tidings serve exited early"
+                try:
+                    if (await client.get(f"{url}/healthz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.2)
+
+
+async def stop(process: trio.Process) -> tuple[int, float]:
+    started = trio.current_time()
+    process.send_signal(signal.SIGTERM)
+    with trio.fail_after(15):
+        code = await process.wait()
+    return code, trio.current_time() - started
+
+
+async def test_serve_on_a_fresh_data_dir(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    env = service_env(data_dir)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port)]
+
+    process = await trio.lowlevel.open_process(command, env=env, stderr=subprocess.DEVNULL)
+    try:
+        await wait_healthy(url, process)
+        created = await trio.run_process(
+            [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
+            env=env, capture_stdout=True,
+        )
+        lines = created.stdout.decode().strip().splitlines()
+        assert len(lines) == 1
+        credential = json.loads(lines[0])
+        assert set(credential) == {"team_id", "token_id", "token"}
+        assert credential["token"].startswith("svc_team_")
+
+        headers = {"Authorization": f"Bearer {credential['token']}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+            response = await client.post("/contacts", json={"email": "ada@example.com"})
+            assert response.status_code == 201
+            contact = response.json()["data"]
+            assert contact["team_id"] == credential["team_id"]
+        code, seconds = await stop(process)
+        assert code == 0
+        assert seconds < 10
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    # The data outlives the process: a new one on the same dir still has it.
+    process = await trio.lowlevel.open_process(command, env=env, stderr=subprocess.DEVNULL)
+    try:
+        await wait_healthy(url, process)
+        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+            again = await client.get(f"/contacts/{contact['id']}")
+        assert again.status_code == 200
+        assert again.json()["data"] == contact
+        code, seconds = await stop(process)
+        assert code == 0
+        assert seconds < 10
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
