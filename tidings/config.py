@@ -89,7 +89,7 @@ class Config:
     email_provider: str = "sandbox"
     sms_provider: str = "sandbox"
 
-    shutdown_grace_seconds: float = 8.0
+    shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
 
     @classmethod
