@@ -6,8 +6,6 @@ import uuid
 
 import httpx
 
-from tests.conftest import MakeToken
-
 
 async def test_create_then_get(client: httpx.AsyncClient) -> None:
     created = await client.post(

@@ -128,6 +128,8 @@ class Handle(Generic[M]):
         gives up leaves the actor unharmed; its answer is dropped. Raises
         ActorStopped if the actor ended (crashed or stopped) before answering.
         """
+        reply: Reply[T]
+        receive: trio.MemoryReceiveChannel[T]
         reply, receive = open_reply()
         try:
             await self.send(make(reply))

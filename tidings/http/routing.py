@@ -326,7 +326,8 @@ def make_view(service: Service, route: Route) -> Callable[..., Awaitable[Respons
             kwargs["query"] = parse_query(route.query)
         raw_body = b""
         if route.method in MUTATING:
-            raw_body = await request.get_data(cache=False)
+            data = await request.get_data(cache=False, as_text=False)
+            raw_body = data if isinstance(data, bytes) else data.encode()
         if route.body is not None:
             kwargs["body"] = parse_body(route.body, raw_body)
         key = idempotency_key() if route.method in MUTATING else None
