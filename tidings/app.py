@@ -12,6 +12,9 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from tidings.actors.idempotency import IdempotencyKeys, open_idempotency
+from tidings.actors.revocations import RevocationListener
+from tidings.actors.supervisor import Actor, open_supervisor
+from tidings.auth import TokenCache
 from tidings.config import Config
 from tidings.http.app import create_app
 from tidings.http.ratelimit import RateLimiter
@@ -28,6 +31,7 @@ HTTP_DRAIN_SECONDS = 4.0
 class Service:
     config: Config
     db: Database
+    tokens: TokenCache
     idempotency: IdempotencyKeys
     rate_limiter: RateLimiter
     metrics: Metrics
@@ -40,18 +44,27 @@ async def open_service(config: Config) -> AsyncIterator[Service]:
     On the way out every actor finishes its current message, within
     ``config.shutdown_grace_seconds``; after that it is cancelled.
     """
+    tokens = TokenCache()
     async with open_database(config) as db:
+        listener: Callable[[str], Actor[None]] = lambda _key: RevocationListener(  # noqa: E731
+            db.url, tokens
+        )
         with trio.CancelScope() as stopping:
-            async with open_idempotency(db, config) as idempotency:
+            async with (
+                open_supervisor("revocations", listener, mailbox_size=1) as revocations,
+                open_idempotency(db, config) as idempotency,
+            ):
+                revocations.start("listener")
                 try:
                     yield Service(
                         config=config,
                         db=db,
+                        tokens=tokens,
                         idempotency=idempotency,
                         rate_limiter=RateLimiter(
                             config.rate_limit_per_second, config.rate_limit_burst
                         ),
-                        metrics=Metrics(lambda: [idempotency.supervisor]),
+                        metrics=Metrics(lambda: [revocations, idempotency.supervisor]),
                     )
                 finally:
                     stopping.deadline = trio.current_time() + config.shutdown_grace_seconds

@@ -20,7 +20,7 @@ from tidings.actors.mailbox import Mailbox, Reply
 from tidings.actors.supervisor import Actor, Supervisor, open_supervisor
 from tidings.config import Config
 from tidings.storage import idempotency as records
-from tidings.storage.db import Database
+from tidings.storage.db import Connection, Database
 
 log = logging.getLogger("tidings.idempotency")
 
@@ -76,29 +76,34 @@ class IdempotencyShard(Actor[Begin]):
         self._config = config
 
     async def handle(self, message: Begin) -> None:
-        async with self._db.acquire() as conn:
-            attempt = await records.begin(
-                conn,
-                message.scope,
-                message.key,
-                message.fingerprint,
-                lock_seconds=self._config.idempotency_lock_seconds,
-                retention_seconds=self._config.idempotency_retention_seconds,
-            )
-            match attempt:
-                case records.Claimed(claim=claim):
-                    decision: Decision = Proceed(claim)
-                case _ if attempt.fingerprint != message.fingerprint:
-                    decision = Refuse(DIFFERENT_REQUEST)
-                case records.Completed(status=status, body=body):
-                    decision = Replay(status, body)
-                case records.Processing(lock_expired=True):
-                    # Drop the stale claim so that the client's retry runs.
-                    await records.drop_expired_lock(conn, message.scope, message.key)
-                    decision = Refuse(LOCK_EXPIRED)
-                case _:
-                    decision = Refuse(STILL_PROCESSING)
+        decision = await self._db.run(
+            decide,
+            message,
+            self._config.idempotency_lock_seconds,
+            self._config.idempotency_retention_seconds,
+        )
         message.reply.send(decision)
+
+
+async def decide(conn: Connection, begin: Begin, lock: float, retention: float) -> Decision:
+    """Claim the key of ``begin`` or say why not. Runs whole on the storage side."""
+    attempt = await records.begin(
+        conn, begin.scope, begin.key, begin.fingerprint,
+        lock_seconds=lock, retention_seconds=retention,
+    )
+    match attempt:
+        case records.Claimed(claim=claim):
+            return Proceed(claim)
+        case _ if attempt.fingerprint != begin.fingerprint:
+            return Refuse(DIFFERENT_REQUEST)
+        case records.Completed(status=status, body=body):
+            return Replay(status, body)
+        case records.Processing(lock_expired=True):
+            # Drop the stale claim so that the client's retry runs.
+            await records.drop_expired_lock(conn, begin.scope, begin.key)
+            return Refuse(LOCK_EXPIRED)
+        case _:
+            return Refuse(STILL_PROCESSING)
 
 
 class IdempotencySweeper(Actor[None]):

@@ -5,9 +5,11 @@ permission check, the rate limit, the validation of path, query and body,
 idempotency, the database connection, and the OpenAPI operation. Handlers
 only translate between HTTP and storage calls or actor messages.
 
-Mutations run in one transaction. With an ``Idempotency-Key`` the stored
-response is written in that same transaction, so a request either commits
-with its replayable response or leaves no trace and may run again.
+Handlers get one connection for the whole request and open transactions
+themselves where a change spans several statements. A request with an
+``Idempotency-Key`` runs inside one transaction that also stores its
+response, so it either commits with its replayable response or leaves no
+trace and may run again (a handler's own transaction becomes a savepoint).
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ ACTOR_TIMEOUT_SECONDS = 10.0
 class Call:
     """What a handler gets: the service, the caller's token and a connection.
 
-    For mutations ``conn`` is inside the request's transaction.
+    ``conn`` is in autocommit mode, except under an Idempotency-Key, where it
+    is inside the request's transaction.
     """
 
     service: Service
@@ -162,10 +165,17 @@ def bearer_secret() -> str:
     return secret.strip()
 
 
-async def authorize(service: Service, route: Route) -> Token:
+async def authorize(service: Service, conn: Connection, route: Route) -> Token:
     secret = bearer_secret()
-    async with service.db.acquire() as conn:
-        token = await token_store.authenticate(conn, secret)
+    token = None
+    if secret.startswith(token_store.TOKEN_PREFIX):
+        secret_hash = token_store.hash_secret(secret)
+        token = service.tokens.get(secret_hash)
+        if token is None:
+            version = service.tokens.version
+            token = await token_store.find_by_hash(conn, secret_hash)
+            if token is not None:
+                service.tokens.put(secret_hash, token, version)
     if token is None:
         raise ApiError(401, "UNAUTHORIZED", "invalid token")
     if token.revoked_at is not None:
@@ -257,18 +267,6 @@ def render(route: Route, result: Any) -> tuple[int, bytes, dict[str, str]]:
     return status, body, headers
 
 
-async def run_handler(
-    service: Service, route: Route, token: Token, kwargs: dict[str, Any]
-) -> tuple[int, bytes, dict[str, str]]:
-    if route.method in MUTATING:
-        async with service.db.transaction() as conn:
-            result = await route.handler(Call(service, token, conn), **kwargs)
-    else:
-        async with service.db.acquire() as conn:
-            result = await route.handler(Call(service, token, conn), **kwargs)
-    return render(route, result)
-
-
 async def run_idempotent(
     service: Service,
     route: Route,
@@ -320,20 +318,23 @@ def make_view(service: Service, route: Route) -> Callable[..., Awaitable[Respons
             return result if isinstance(result, Response) else json_response(
                 *render(route, result)
             )
-        token = await authorize(service, route)
-        service.rate_limiter.check(token.id)
-        if route.query is not None:
-            kwargs["query"] = parse_query(route.query)
-        raw_body = b""
-        if route.method in MUTATING:
-            data = await request.get_data(cache=False, as_text=False)
-            raw_body = data if isinstance(data, bytes) else data.encode()
-        if route.body is not None:
-            kwargs["body"] = parse_body(route.body, raw_body)
-        key = idempotency_key() if route.method in MUTATING else None
-        if key is not None:
-            return await run_idempotent(service, route, token, kwargs, key, raw_body)
-        return json_response(*await run_handler(service, route, token, kwargs))
+        async with service.db.acquire() as conn:
+            token = await authorize(service, conn, route)
+            service.rate_limiter.check(token.id)
+            if route.query is not None:
+                kwargs["query"] = parse_query(route.query)
+            raw_body = b""
+            if route.method in MUTATING:
+                data = await request.get_data(cache=False, as_text=False)
+                raw_body = data if isinstance(data, bytes) else data.encode()
+            if route.body is not None:
+                kwargs["body"] = parse_body(route.body, raw_body)
+            key = idempotency_key() if route.method in MUTATING else None
+            if key is None:
+                result = await route.handler(Call(service, token, conn), **kwargs)
+                return json_response(*render(route, result))
+        # Released first: the idempotency shard needs a connection of its own.
+        return await run_idempotent(service, route, token, kwargs, key, raw_body)
 
     view.__name__ = f"{route.method.lower()}_{route.handler.__name__}"
     return view

@@ -11,7 +11,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -25,17 +25,18 @@ ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
 RETURNING id
 """
 
-INSERT_TOKEN = """
+# Every process LISTENs here and forgets a revoked token at once.
+REVOKED_CHANNEL = "tidings_token_revoked"
+
+TOKEN_COLUMNS = (
+    "id, team_id, name, prefix, permissions, step_up, created_at, expires_at, revoked_at"
+)
+
+INSERT_TOKEN = f"""
 INSERT INTO api_tokens (team_id, name, secret_hash, prefix, permissions, step_up, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6,
         CASE WHEN $7::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $7::float8) END)
-RETURNING id, team_id, name, prefix, permissions, step_up, created_at, expires_at, revoked_at,
-          false AS expired
-"""
-
-TOKEN_COLUMNS = """
-id, team_id, name, prefix, permissions, step_up, created_at, expires_at, revoked_at,
-COALESCE(expires_at <= now(), false) AS expired
+RETURNING {TOKEN_COLUMNS}
 """
 
 SELECT_BY_HASH = f"SELECT secret_hash, {TOKEN_COLUMNS} FROM api_tokens WHERE secret_hash = $1"
@@ -48,9 +49,12 @@ LIMIT $2 OFFSET $3
 """
 
 REVOKE_TOKEN = f"""
-UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now())
-WHERE id = $1 AND ($2::uuid IS NULL OR team_id = $2)
-RETURNING {TOKEN_COLUMNS}
+WITH revoked AS (
+    UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now())
+    WHERE id = $1 AND ($2::uuid IS NULL OR team_id = $2)
+    RETURNING {TOKEN_COLUMNS}
+)
+SELECT {TOKEN_COLUMNS}, pg_notify('{REVOKED_CHANNEL}', id::text) FROM revoked
 """
 
 
@@ -65,7 +69,10 @@ class Token:
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
-    expired: bool
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= datetime.now(UTC)
 
     @property
     def active(self) -> bool:
@@ -83,7 +90,6 @@ class Token:
             created_at=row["created_at"],
             expires_at=row["expires_at"],
             revoked_at=row["revoked_at"],
-            expired=row["expired"],
         )
 
 
@@ -129,15 +135,19 @@ async def create_token(
     return Token.from_row(row), secret
 
 
+async def find_by_hash(conn: Any, secret_hash: bytes) -> Token | None:
+    """The token whose secret has this hash, whether or not it is still active."""
+    row = await conn.fetchrow(SELECT_BY_HASH, secret_hash)
+    if row is None or not hmac.compare_digest(bytes(row["secret_hash"]), secret_hash):
+        return None
+    return Token.from_row(row)
+
+
 async def authenticate(conn: Any, secret: str) -> Token | None:
     """The token whose secret this is, whether or not it is still active."""
     if not secret.startswith(TOKEN_PREFIX):
         return None
-    presented = hash_secret(secret)
-    row = await conn.fetchrow(SELECT_BY_HASH, presented)
-    if row is None or not hmac.compare_digest(bytes(row["secret_hash"]), presented):
-        return None
-    return Token.from_row(row)
+    return await find_by_hash(conn, hash_secret(secret))
 
 
 async def list_tokens(conn: Any, team_id: UUID, limit: int, offset: int) -> list[Token]:

@@ -1,0 +1,75 @@
+"""Revocation reaches a token that the service has cached, from any process."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import httpx
+import trio
+
+from tests.conftest import Credential, MakeToken
+from tidings.app import Service
+
+
+async def wait_listening(service: Service) -> None:
+    with trio.fail_after(10):
+        while not service.tokens.live:
+            await trio.sleep(0.01)
+
+
+async def test_revocation_by_another_process_evicts_the_cached_token(
+    base_url: str, service: Service, acme: Credential, database_url: str
+) -> None:
+    await wait_listening(service)
+    async with httpx.AsyncClient(base_url=base_url, headers=acme.headers) as client:
+        assert (await client.post("/contacts", json={"email": "a@example.com"})).status_code == 201
+        assert service.tokens.get(_hash(acme)) is not None  # served from memory now
+        env = dict(os.environ, DATABASE_URL=database_url)
+        await trio.run_process(
+            [sys.executable, "-m", "tidings", "tokens", "revoke", str(acme.token_id)],
+            env=env, capture_stdout=True,
+        )
+        response = await client.post("/contacts", json={"email": "b@example.com"})
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "UNAUTHORIZED"
+
+
+async def test_revocation_over_http_evicts_the_cached_token(
+    base_url: str, service: Service, make_token: MakeToken
+) -> None:
+    await wait_listening(service)
+    admin = await make_token(team="acme", step_up=True)
+    user = await make_token(team="acme", permissions=["contacts:read"])
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        missing = "/contacts/00000000-0000-0000-0000-000000000000"
+        assert (await client.get(missing, headers=user.headers)).status_code == 404
+        revoked = await client.delete(f"/tokens/{user.token_id}", headers=admin.headers)
+        assert revoked.status_code == 204
+        assert (await client.get(missing, headers=user.headers)).status_code == 401
+
+
+async def test_a_lookup_that_raced_a_revocation_is_not_cached(
+    service: Service, acme: Credential
+) -> None:
+    await wait_listening(service)
+    from tidings.storage import tokens as store
+
+    digest = _hash(acme)
+    version = service.tokens.version
+    async with service.db.acquire() as conn:
+        token = await store.find_by_hash(conn, digest)
+        assert token is not None
+        # The revocation lands between the lookup and the caching.
+        await store.revoke_token(conn, acme.token_id)
+    with trio.fail_after(5):
+        while service.tokens.version == version:
+            await trio.sleep(0.01)
+    service.tokens.put(digest, token, version)
+    assert service.tokens.get(digest) is None
+
+
+def _hash(credential: Credential) -> bytes:
+    from tidings.storage.tokens import hash_secret
+
+    return hash_secret(credential.secret)
