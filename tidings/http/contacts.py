@@ -10,6 +10,7 @@ import phonenumbers
 from pydantic import BaseModel, ConfigDict, EmailStr, Field, model_validator
 
 from tidings.http.envelope import bad_request, conflict, not_found
+from tidings.http.models import RequestBody
 from tidings.http.routing import Call, Routes
 from tidings.storage import contacts as store
 from tidings.storage.errors import Duplicate
@@ -19,9 +20,7 @@ routes = Routes("Contacts")
 ConsentStatus = Literal["unknown", "opted_in", "opted_out"]
 
 
-class CreateContact(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class CreateContact(RequestBody):
     email: EmailStr | None = Field(None, max_length=320)
     phone: str | None = Field(
         None, min_length=1, max_length=32, description="International format, e.g. +14155550100"

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 MAX_LIMIT = 100
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def integer_text(value: Any) -> Any:
+    """A query value must be written as an integer: "1.0" and "1e2" are not."""
+    if isinstance(value, str) and not _INTEGER.fullmatch(value.strip()):
+        raise ValueError("must be an integer")
+    return value
+
+
+QueryInt = Annotated[int, BeforeValidator(integer_text)]
 
 
 class Paging(BaseModel):
@@ -15,8 +27,8 @@ class Paging(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    limit: int = Field(50, ge=1, description="1 to 100; larger values are capped at 100")
-    offset: int = Field(0, ge=0)
+    limit: QueryInt = Field(50, ge=1, description="1 to 100; larger values are capped at 100")
+    offset: QueryInt = Field(0, ge=0)
 
     @field_validator("limit", mode="after")
     @classmethod

@@ -312,15 +312,15 @@ async def run_idempotent(
 
 def make_view(service: Service, route: Route) -> Callable[..., Awaitable[Response]]:
     async def view(**path_values: str) -> Response:
-        kwargs = parse_path(route, path_values)
         if route.public:
-            result = await route.handler(service, **kwargs)
+            result = await route.handler(service, **parse_path(route, path_values))
             return result if isinstance(result, Response) else json_response(
                 *render(route, result)
             )
         async with service.db.acquire() as conn:
             token = await authorize(service, conn, route)
             service.rate_limiter.check(token.id)
+            kwargs = parse_path(route, path_values)
             if route.query is not None:
                 kwargs["query"] = parse_query(route.query)
             raw_body = b""

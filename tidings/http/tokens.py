@@ -6,9 +6,10 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from tidings.http.envelope import ApiError, not_found
+from tidings.http.models import RequestBody
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.permissions import ALL_PERMISSIONS, unknown_permissions
@@ -19,15 +20,15 @@ routes = Routes("Tokens")
 TEN_YEARS = 10 * 365 * 86400
 
 
-class CreateToken(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class CreateToken(RequestBody):
     name: str | None = Field(None, min_length=1, max_length=100)
     permissions: list[str] = Field(
         min_length=1, description=f"Any of: {', '.join(ALL_PERMISSIONS)}"
     )
     expires_in: int | None = Field(None, ge=1, le=TEN_YEARS, description="Seconds")
-    step_up: bool = Field(False, description="A step-up token lives at most 15 minutes")
+    step_up: bool = Field(
+        False, description="Must be false: step-up tokens come only from the CLI"
+    )
 
     @field_validator("permissions")
     @classmethod
@@ -85,6 +86,11 @@ class TokenList(BaseModel):
     step_up=True, body=CreateToken, response=CreatedToken, status=201,
 )
 async def create_token(call: Call, body: CreateToken) -> CreatedToken:
+    if body.step_up:
+        # Otherwise a step-up token could renew itself forever.
+        raise ApiError(
+            403, "FORBIDDEN", "step_up: step-up tokens are created only with the tidings CLI"
+        )
     beyond = sorted(set(body.permissions) - set(call.token.permissions))
     if beyond:
         raise ApiError(
