@@ -165,7 +165,8 @@ def bearer_secret() -> str:
     return secret.strip()
 
 
-async def authorize(service: Service, conn: Connection, route: Route) -> Token:
+async def authorize(service: Service, route: Route) -> Token:
+    """The caller's token, checked for this route; from the cache when it can be."""
     secret = bearer_secret()
     token = None
     if secret.startswith(token_store.TOKEN_PREFIX):
@@ -173,7 +174,7 @@ async def authorize(service: Service, conn: Connection, route: Route) -> Token:
         token = service.tokens.get(secret_hash)
         if token is None:
             version = service.tokens.version
-            token = await token_store.find_by_hash(conn, secret_hash)
+            token = await service.db.run(token_store.find_by_hash, secret_hash)
             if token is not None:
                 service.tokens.put(secret_hash, token, version)
     if token is None:
@@ -317,24 +318,23 @@ def make_view(service: Service, route: Route) -> Callable[..., Awaitable[Respons
             return result if isinstance(result, Response) else json_response(
                 *render(route, result)
             )
+        token = await authorize(service, route)
+        service.rate_limiter.check(token.id)
+        kwargs = parse_path(route, path_values)
+        if route.query is not None:
+            kwargs["query"] = parse_query(route.query)
+        raw_body = b""
+        if route.method in MUTATING:
+            data = await request.get_data(cache=False, as_text=False)
+            raw_body = data if isinstance(data, bytes) else data.encode()
+        if route.body is not None:
+            kwargs["body"] = parse_body(route.body, raw_body)
+        key = idempotency_key() if route.method in MUTATING else None
+        if key is not None:
+            return await run_idempotent(service, route, token, kwargs, key, raw_body)
         async with service.db.acquire() as conn:
-            token = await authorize(service, conn, route)
-            service.rate_limiter.check(token.id)
-            kwargs = parse_path(route, path_values)
-            if route.query is not None:
-                kwargs["query"] = parse_query(route.query)
-            raw_body = b""
-            if route.method in MUTATING:
-                data = await request.get_data(cache=False, as_text=False)
-                raw_body = data if isinstance(data, bytes) else data.encode()
-            if route.body is not None:
-                kwargs["body"] = parse_body(route.body, raw_body)
-            key = idempotency_key() if route.method in MUTATING else None
-            if key is None:
-                result = await route.handler(Call(service, token, conn), **kwargs)
-                return json_response(*render(route, result))
-        # Released first: the idempotency shard needs a connection of its own.
-        return await run_idempotent(service, route, token, kwargs, key, raw_body)
+            result = await route.handler(Call(service, token, conn), **kwargs)
+        return json_response(*render(route, result))
 
     view.__name__ = f"{route.method.lower()}_{route.handler.__name__}"
     return view
