@@ -204,11 +204,12 @@ class Supervisor(Generic[K, M]):
         mailbox = entry.mailbox
         try:
             while not mailbox.stopping:
-                actor = self._factory(key)
-                mailbox.idle_timeout = actor.idle_timeout
-                mailbox.idled = False
                 started = trio.current_time()
                 try:
+                    # A factory that fails counts as a crash of the actor.
+                    actor = self._factory(key)
+                    mailbox.idle_timeout = actor.idle_timeout
+                    mailbox.idled = False
                     await actor.run(mailbox)
                 except Exception:
                     mailbox.finish_current()
