@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,17 +67,27 @@ async def asyncio_bridge() -> AsyncIterator[None]:
         yield
 
 
+@asynccontextmanager
+async def fresh_database(admin_url: str, template: str | None = None) -> AsyncIterator[str]:
+    """A new database (a copy of ``template``, or empty) for one test; dropped after."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
+    async with triopg.connect(admin_url) as conn:
+        await conn.execute(f'CREATE DATABASE "{name}"{copy}')
+    try:
+        yield with_database(admin_url, name)
+    finally:
+        with trio.CancelScope(shield=True):
+            async with triopg.connect(admin_url) as conn:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 async def database_url(
     pg_admin_url: str, pg_template: str, asyncio_bridge: None
 ) -> AsyncIterator[str]:
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    async with triopg.connect(pg_admin_url) as conn:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
-    yield with_database(pg_admin_url, name)
-    with trio.CancelScope(shield=True):
-        async with triopg.connect(pg_admin_url) as conn:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    async with fresh_database(pg_admin_url, pg_template) as url:
+        yield url
 
 
 @pytest.fixture
@@ -154,3 +165,18 @@ async def client(
     """A client of the running service with a token of team acme holding every permission."""
     async with httpx.AsyncClient(base_url=base_url, headers=acme.headers, timeout=30) as c:
         yield c
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> str:
+    """The response is exactly the error envelope with ``status`` and ``code``; its message."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    assert "<html" not in response.text.lower()
+    body = response.json()
+    assert set(body) == {"success", "error"}, body
+    assert body["success"] is False
+    assert set(body["error"]) == {"code", "message"}, body
+    assert body["error"]["code"] == code, body
+    message = body["error"]["message"]
+    assert isinstance(message, str) and message
+    return message

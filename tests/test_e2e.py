@@ -8,6 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -40,12 +42,24 @@ async def wait_healthy(url: str, process: trio.Process) -> None:
                 await trio.sleep(0.2)
 
 
-async def stop(process: trio.Process) -> tuple[int, float]:
-    started = trio.current_time()
-    process.send_signal(signal.SIGTERM)
-    with trio.fail_after(15):
-        code = await process.wait()
-    return code, trio.current_time() - started
+@asynccontextmanager
+async def tidings_serve(command: list[str], env: dict[str, str], url: str) -> AsyncIterator[None]:
+    """Run ``tidings serve`` until the block ends, then SIGTERM it: it must exit 0
+    within 10 s."""
+    process = await trio.lowlevel.open_process(command, env=env, stderr=subprocess.DEVNULL)
+    try:
+        await wait_healthy(url, process)
+        yield
+        started = trio.current_time()
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(15):
+            code = await process.wait()
+        assert code == 0
+        assert trio.current_time() - started < 10
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 async def test_serve_on_a_fresh_data_dir(tmp_path: Path) -> None:
@@ -55,9 +69,7 @@ async def test_serve_on_a_fresh_data_dir(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port)]
 
-    process = await trio.lowlevel.open_process(command, env=env, stderr=subprocess.DEVNULL)
-    try:
-        await wait_healthy(url, process)
+    async with tidings_serve(command, env, url):
         created = await trio.run_process(
             [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
             env=env, capture_stdout=True,
@@ -74,26 +86,10 @@ async def test_serve_on_a_fresh_data_dir(tmp_path: Path) -> None:
             assert response.status_code == 201
             contact = response.json()["data"]
             assert contact["team_id"] == credential["team_id"]
-        code, seconds = await stop(process)
-        assert code == 0
-        assert seconds < 10
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
     # The data outlives the process: a new one on the same dir still has it.
-    process = await trio.lowlevel.open_process(command, env=env, stderr=subprocess.DEVNULL)
-    try:
-        await wait_healthy(url, process)
+    async with tidings_serve(command, env, url):
         async with httpx.AsyncClient(base_url=url, headers=headers) as client:
             again = await client.get(f"/contacts/{contact['id']}")
         assert again.status_code == 200
         assert again.json()["data"] == contact
-        code, seconds = await stop(process)
-        assert code == 0
-        assert seconds < 10
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()

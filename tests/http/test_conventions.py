@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Credential, MakeToken
+from tests.conftest import Credential, MakeToken, assert_error
 from tidings.app import Service
 from tidings.config import Config
 from tidings.http.app import all_routes
@@ -33,19 +33,6 @@ def config(config: Config, config_changes: dict[str, Any]) -> Config:
     return config.with_(**config_changes)
 
 
-def assert_error(response: httpx.Response, status: int, code: str) -> str:
-    """The response is exactly the error envelope with ``status`` and ``code``; its message."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/json"), response.headers
-    assert "<html" not in response.text.lower()
-    body = response.json()
-    assert set(body) == {"success", "error"}, body
-    assert body["success"] is False
-    assert set(body["error"]) == {"code", "message"}, body
-    assert body["error"]["code"] == code, body
-    message = body["error"]["message"]
-    assert isinstance(message, str) and message
-    return message
 
 
 def padded_contact(size: int, email: str = "pad@example.com") -> bytes:

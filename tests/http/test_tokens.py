@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import trio
 
-from tests.conftest import Credential, MakeToken
+from tests.conftest import Credential, MakeToken, assert_error
 from tidings.app import Service
 from tidings.storage import tokens as token_store
 from tidings.storage.tokens import TOKEN_PREFIX
@@ -20,18 +20,6 @@ from tidings.storage.tokens import TOKEN_PREFIX
 MISSING_CONTACT = f"/contacts/{uuid.uuid4()}"
 
 
-def assert_error(response: httpx.Response, status: int, code: str) -> str:
-    """The response is exactly the error envelope with ``status`` and ``code``; its message."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/json")
-    body = response.json()
-    assert set(body) == {"success", "error"}, body
-    assert body["success"] is False
-    assert set(body["error"]) == {"code", "message"}, body
-    assert body["error"]["code"] == code, body
-    message = body["error"]["message"]
-    assert isinstance(message, str) and message
-    return message
 
 
 def bearer(secret: str) -> dict[str, str]:

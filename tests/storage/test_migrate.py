@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 import trio
 import triopg
 
-from tidings.storage.db import with_database
+from tests.conftest import fresh_database
 from tidings.storage.migrate import load_migrations, migrate
 
 
 @pytest.fixture
 async def empty_database(pg_admin_url: str, asyncio_bridge: None) -> AsyncIterator[str]:
-    name = f"m_{uuid.uuid4().hex[:16]}"
-    async with triopg.connect(pg_admin_url) as conn:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    yield with_database(pg_admin_url, name)
-    with trio.CancelScope(shield=True):
-        async with triopg.connect(pg_admin_url) as conn:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    async with fresh_database(pg_admin_url) as url:
+        yield url
 
 
 def test_migrations_are_numbered_in_order() -> None:

@@ -263,15 +263,3 @@ async def open_supervisor(
         finally:
             supervisor.stop()
 
-
-__all__ = [
-    "Actor",
-    "ActorStopped",
-    "Backoff",
-    "Handle",
-    "Mailbox",
-    "MailboxFull",
-    "Reply",
-    "Supervisor",
-    "open_supervisor",
-]
