@@ -90,7 +90,6 @@ class Mailbox(Generic[M]):
         self.idle_timeout = idle_timeout
         self.current: M | None = None
         self.stopping = False
-        self.idled = False
         self._wait_scope: trio.CancelScope | None = None
 
     def __aiter__(self) -> AsyncIterator[M]:
@@ -123,8 +122,6 @@ class Mailbox(Generic[M]):
             self.current = message
             return message
         # The wait was cancelled: idle for too long, or asked to stop.
-        if not self.stopping:
-            self.idled = True
         return None
 
     async def sleep(self, seconds: float) -> None:

@@ -209,7 +209,6 @@ class Supervisor(Generic[K, M]):
                     # A factory that fails counts as a crash of the actor.
                     actor = self._factory(key)
                     mailbox.idle_timeout = actor.idle_timeout
-                    mailbox.idled = False
                     await actor.run(mailbox)
                 except Exception:
                     mailbox.finish_current()

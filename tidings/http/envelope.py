@@ -38,9 +38,6 @@ def conflict(message: str) -> ApiError:
     return ApiError(409, "CONFLICT", message)
 
 
-def unprocessable(message: str) -> ApiError:
-    return ApiError(422, "UNPROCESSABLE_ENTITY", message)
-
 
 def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -143,12 +143,6 @@ async def find_by_hash(conn: Any, secret_hash: bytes) -> Token | None:
     return Token.from_row(row)
 
 
-async def authenticate(conn: Any, secret: str) -> Token | None:
-    """The token whose secret this is, whether or not it is still active."""
-    if not secret.startswith(TOKEN_PREFIX):
-        return None
-    return await find_by_hash(conn, hash_secret(secret))
-
 
 async def list_tokens(conn: Any, team_id: UUID, limit: int, offset: int) -> list[Token]:
     rows = await conn.fetch(SELECT_TEAM_TOKENS, team_id, limit, offset)
