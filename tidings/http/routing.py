@@ -63,10 +63,19 @@ class Call:
     service: Service
     token: Token
     conn: Connection
+    _after_commit: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def team_id(self) -> UUID:
         return self.token.team_id
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the request's changes are committed (not on failure)."""
+        self._after_commit.append(callback)
+
+    def committed(self) -> None:
+        for callback in self._after_commit:
+            callback()
 
 
 @dataclass(frozen=True)
@@ -293,7 +302,8 @@ async def run_idempotent(
     stored = False
     try:
         async with service.db.transaction() as conn:
-            result = await route.handler(Call(service, token, conn), **kwargs)
+            call = Call(service, token, conn)
+            result = await route.handler(call, **kwargs)
             status, body, headers = render(route, result)
             if 200 <= status < 300:
                 if not await records.complete(conn, token.id, key, claim, status, body):
@@ -302,6 +312,7 @@ async def run_idempotent(
                         "retry the request"
                     )
                 stored = True
+        call.committed()
         return json_response(status, body, headers)
     finally:
         if not stored:
@@ -333,7 +344,9 @@ def make_view(service: Service, route: Route) -> Callable[..., Awaitable[Respons
         if key is not None:
             return await run_idempotent(service, route, token, kwargs, key, raw_body)
         async with service.db.acquire() as conn:
-            result = await route.handler(Call(service, token, conn), **kwargs)
+            call = Call(service, token, conn)
+            result = await route.handler(call, **kwargs)
+        call.committed()
         return json_response(*render(route, result))
 
     view.__name__ = f"{route.method.lower()}_{route.handler.__name__}"

@@ -119,4 +119,7 @@ async def list_tokens(call: Call, query: Paging) -> dict[str, Any]:
 async def revoke_token(call: Call, token_id: UUID) -> Answer:
     if await store.revoke_token(call.conn, token_id, call.team_id) is None:
         raise not_found("token")
+    # The NOTIFY reaches this process's listener a moment later; the next
+    # request must already be refused.
+    call.after_commit(lambda: call.service.tokens.forget(token_id))
     return Answer(204)
