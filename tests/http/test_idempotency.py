@@ -26,7 +26,8 @@ async def count_contacts(service: Service) -> int:
 async def post(
     client: httpx.AsyncClient, body: dict[str, Any], key: str | None
 ) -> httpx.Response:
-    headers = {} if key is None else {KEY: key.encode()}
+    # Bytes, so that a key may hold any UTF-8 character.
+    headers: dict[bytes, bytes] = {} if key is None else {KEY.encode(): key.encode()}
     return await client.post("/contacts", json=body, headers=headers)
 
 
