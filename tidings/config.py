@@ -85,6 +85,10 @@ class Config:
     webhook_retry_schedule: tuple[float, ...] = (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
     webhook_timeout_seconds: float = 15.0
     webhook_allow_private_urls: bool = False
+    # Attempts in flight at once per endpoint, per process.
+    webhook_concurrency: int = 8
+    # How often each process looks for due deliveries it was not told about.
+    webhook_poll_seconds: float = 1.0
 
     email_provider: str = "sandbox"
     sms_provider: str = "sandbox"
@@ -114,6 +118,8 @@ class Config:
             ),
             webhook_timeout_seconds=_float(env, "WEBHOOK_TIMEOUT_SECONDS", 15.0, minimum=0.1),
             webhook_allow_private_urls=_bool(env, "WEBHOOK_ALLOW_PRIVATE_URLS", False),
+            webhook_concurrency=_int(env, "TIDINGS_WEBHOOK_CONCURRENCY", 8, minimum=1),
+            webhook_poll_seconds=_float(env, "TIDINGS_WEBHOOK_POLL_SECONDS", 1.0, minimum=0.05),
             email_provider=env.get("TIDINGS_EMAIL_PROVIDER") or "sandbox",
             sms_provider=env.get("TIDINGS_SMS_PROVIDER") or "sandbox",
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),

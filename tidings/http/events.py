@@ -1,0 +1,80 @@
+"""The team's event records and the catalogue of event types."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tidings.http.envelope import not_found
+from tidings.http.paging import Paging, page
+from tidings.http.routing import Call, Routes
+from tidings.storage import events as store
+from tidings.webhooks.catalogue import EVENT_TYPES
+
+routes = Routes("Events")
+
+
+class EventOut(BaseModel):
+    """An event as recorded. Receivers get the same fields in the webhook body."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    object: Literal["event"] = "event"
+    id: UUID
+    type: str
+    channel: Literal["email", "sms"] | None
+    message_id: UUID | None
+    to: str | None = Field(validation_alias="recipient")
+    occurred_at: datetime
+    data: dict[str, Any]
+    created_at: datetime
+
+
+class EventTypeOut(BaseModel):
+    object: Literal["event_type"] = "event_type"
+    name: str
+    description: str
+
+
+class EventQuery(Paging):
+    type: str | None = Field(None, max_length=100)
+    message_id: UUID | None = None
+
+
+@routes.route(
+    "GET", "/events", summary="List the team's events, newest first",
+    permission="webhooks:read", query=EventQuery, response=EventOut,
+)
+async def list_events(call: Call, query: EventQuery) -> dict[str, Any]:
+    found = await store.list_events(
+        call.conn,
+        call.team_id,
+        query.limit + 1,
+        query.offset,
+        type=query.type,
+        message_id=query.message_id,
+    )
+    return page([EventOut.model_validate(event) for event in found], query.limit)
+
+
+@routes.route(
+    "GET", "/events/{event_id}", summary="Retrieve an event", permission="webhooks:read",
+    response=EventOut,
+)
+async def get_event(call: Call, event_id: UUID) -> EventOut:
+    event = await store.get_event(call.conn, call.team_id, event_id)
+    if event is None:
+        raise not_found("event")
+    return EventOut.model_validate(event)
+
+
+@routes.route(
+    "GET", "/event-types", summary="The catalogue of event types",
+    permission="webhooks:read", response=EventTypeOut,
+)
+async def list_event_types(call: Call) -> dict[str, Any]:
+    types = [EventTypeOut(name=name, description=text) for name, text in EVENT_TYPES.items()]
+    return {"object": "list", "data": types, "has_more": False}

@@ -1,0 +1,127 @@
+"""Events: the outbox every group writes to, in the transaction of its change.
+
+Recording an event also creates one delivery for each enabled endpoint of
+the team subscribed to its type, and wakes the endpoint actors of every
+process with a NOTIFY that PostgreSQL sends only when the transaction
+commits. A change rolled back leaves neither event nor delivery behind.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from tidings.storage.webhooks import DUE_CHANNEL
+from tidings.webhooks.catalogue import ALL_EVENTS, TEST_EVENT
+
+EVENT_COLUMNS = "id, team_id, type, channel, message_id, recipient, occurred_at, data, created_at"
+
+RECORD_EVENT = f"""
+WITH event AS (
+    INSERT INTO events (team_id, type, channel, message_id, recipient, occurred_at, data)
+    VALUES ($1, $2, $3, $4, $5, coalesce($6, now()), $7::jsonb)
+    RETURNING {EVENT_COLUMNS}
+), fanout AS (
+    INSERT INTO webhook_deliveries (team_id, endpoint_id, event_id, event_type, next_attempt_at)
+    SELECT event.team_id, endpoint.id, event.id, event.type, now()
+    FROM event JOIN webhook_endpoints endpoint ON endpoint.team_id = event.team_id
+    WHERE endpoint.status = 'enabled'
+      AND CASE WHEN event.type = '{TEST_EVENT}'
+               -- A test event goes to the endpoint it was asked for alone.
+               THEN endpoint.id = $8
+               ELSE endpoint.events @> ARRAY[event.type]
+                    OR endpoint.events @> ARRAY['{ALL_EVENTS}'] END
+    RETURNING endpoint_id
+)
+SELECT event.*,
+       (SELECT count(pg_notify('{DUE_CHANNEL}', endpoint_id::text)) FROM fanout) AS deliveries
+FROM event
+"""
+
+SELECT_EVENT = f"SELECT {EVENT_COLUMNS} FROM events WHERE team_id = $1 AND id = $2"
+
+
+@dataclass(frozen=True)
+class Event:
+    id: UUID
+    team_id: UUID
+    type: str
+    channel: str | None
+    message_id: UUID | None
+    recipient: str | None
+    occurred_at: datetime
+    data: dict[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> Event:
+        fields = {name: row[name] for name in EVENT_COLUMNS.split(", ")}
+        fields["data"] = json.loads(fields["data"])
+        return cls(**fields)
+
+
+async def record_event(
+    conn: Any,
+    team_id: UUID,
+    type: str,
+    *,
+    channel: str | None = None,
+    message_id: UUID | None = None,
+    recipient: str | None = None,
+    data: dict[str, Any] | None = None,
+    occurred_at: datetime | None = None,
+    only_endpoint: UUID | None = None,
+) -> tuple[Event, int]:
+    """Record an event and its deliveries; returns the event and how many.
+
+    Call it on the connection (and inside the transaction) of the state
+    change that causes the event. ``only_endpoint`` is for ``webhook.test``,
+    which goes to that one endpoint alone.
+    """
+    row = await conn.fetchrow(
+        RECORD_EVENT,
+        team_id,
+        type,
+        channel,
+        message_id,
+        recipient,
+        occurred_at,
+        json.dumps(data or {}),
+        only_endpoint,
+    )
+    return Event.from_row(row), row["deliveries"]
+
+
+async def get_event(conn: Any, team_id: UUID, event_id: UUID) -> Event | None:
+    row = await conn.fetchrow(SELECT_EVENT, team_id, event_id)
+    return None if row is None else Event.from_row(row)
+
+
+async def list_events(
+    conn: Any,
+    team_id: UUID,
+    limit: int,
+    offset: int,
+    *,
+    type: str | None = None,
+    message_id: UUID | None = None,
+) -> list[Event]:
+    rows = await conn.fetch(
+        f"""
+        SELECT {EVENT_COLUMNS} FROM events
+        WHERE team_id = $1
+          AND ($2::text IS NULL OR type = $2)
+          AND ($3::uuid IS NULL OR message_id = $3)
+        ORDER BY created_at DESC, id DESC
+        LIMIT $4 OFFSET $5
+        """,
+        team_id,
+        type,
+        message_id,
+        limit,
+        offset,
+    )
+    return [Event.from_row(row) for row in rows]
