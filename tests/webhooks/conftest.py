@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -15,6 +16,8 @@ from tests.conftest import Credential
 from tests.webhooks.receiver import Receiver, Respond, ok
 from tidings.app import Service, open_service, serve_http
 from tidings.config import Config
+from tidings.permissions import ALL_PERMISSIONS
+from tidings.storage import tokens as token_store
 from tidings.storage.events import record_event
 from tidings.webhooks.safety import Resolver, system_resolve
 
@@ -59,20 +62,24 @@ def make_receiver(nursery: trio.Nursery) -> MakeReceiver:
 Emit = Callable[..., Awaitable[UUID]]
 
 
-@pytest.fixture
-def emit(service: Service, acme: Credential) -> Emit:
-    """``await emit("message.delivered", team_id=...)``: record an event as a group would."""
+def emitter(service: Service, team_id: UUID) -> Emit:
+    """``await emit("message.delivered", ...)``: record an event as a group would."""
 
     async def emit_event(
-        type: str = "message.delivered", team_id: UUID | None = None, **fields: Any
+        type: str = "message.delivered", team_id: UUID = team_id, **fields: Any
     ) -> UUID:
         fields.setdefault("channel", "email")
         fields.setdefault("recipient", "ada@example.com")
         async with service.db.transaction() as conn:
-            event, _count = await record_event(conn, team_id or acme.team_id, type, **fields)
+            event, _count = await record_event(conn, team_id, type, **fields)
         return event.id
 
     return emit_event
+
+
+@pytest.fixture
+def emit(service: Service, acme: Credential) -> Emit:
+    return emitter(service, acme.team_id)
 
 
 async def create_endpoint(
@@ -101,23 +108,33 @@ async def delivery_of(client: httpx.AsyncClient, endpoint_id: str) -> list[dict[
     return deliveries
 
 
+@dataclass(frozen=True)
+class Custom:
+    service: Service
+    client: httpx.AsyncClient
+    emit: Emit
+
+
 @asynccontextmanager
 async def custom_service(
-    database_url: str,
-    credential: Credential,
-    *,
-    resolve: Resolver = system_resolve,
-    **settings: Any,
-) -> AsyncIterator[tuple[Service, httpx.AsyncClient]]:
-    """A service with its own settings on the test's database, and a client of it."""
+    database_url: str, *, resolve: Resolver = system_resolve, **settings: Any
+) -> AsyncIterator[Custom]:
+    """The only service on the test's database, with its own settings.
+
+    For tests that must not share their database with the ``service``
+    fixture's (which would deliver too).
+    """
     config = Config(
         database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
         shutdown_grace_seconds=2, **{**FAST, **settings},
     )
     async with open_service(config, resolve=resolve) as service, trio.open_nursery() as nursery:
+        async with service.db.transaction() as conn:
+            team_id = await token_store.ensure_team(conn, "acme")
+            _token, secret = await token_store.create_token(conn, team_id, ALL_PERMISSIONS)
         binds = await nursery.start(serve_http, service, "127.0.0.1", 0)
         async with httpx.AsyncClient(
-            base_url=binds[0], headers=credential.headers, timeout=30
+            base_url=binds[0], headers={"Authorization": f"Bearer {secret}"}, timeout=30
         ) as client:
-            yield service, client
+            yield Custom(service, client, emitter(service, team_id))
         nursery.cancel_scope.cancel()

@@ -69,7 +69,7 @@ class Webhooks:
         # Leases this process writes carry this id.
         self.owner = uuid4()
         # Long enough for an attempt to finish (the timeout) and be recorded.
-        self.lease_seconds = 2 * config.webhook_timeout_seconds + 10
+        self.lease_seconds = 2 * config.webhook_timeout_seconds + 5
         self.ssl_context = httpx.create_ssl_context()
         self.endpoints: Supervisor[UUID, Wake] | None = None
         self.dispatcher: Supervisor[str, None] | None = None
