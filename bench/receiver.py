@@ -73,7 +73,7 @@ async def serve(ports: list[tuple[int, str]], out: Path) -> None:
             async for _ in signals:
                 break
             nursery.cancel_scope.cancel()
-    out.write_text("\n".join(notes.lines) + "\n")
+    await trio.Path(out).write_text("\n".join(notes.lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

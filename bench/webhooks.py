@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -40,7 +39,7 @@ from tidings.storage.events import record_event
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoints", type=int, default=16, help="receivers (one endpoint each)")
-    parser.add_argument("--rate", type=float, default=20.0, help="paced events per second")
+    parser.add_argument("--rate", type=float, default=5.0, help="paced events per second")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the paced phase")
     parser.add_argument("--burst", type=int, default=500, help="events in the burst phase")
     parser.add_argument("--timeout", type=float, default=2.0, help="WEBHOOK_TIMEOUT_SECONDS")
@@ -66,7 +65,9 @@ class Round:
         self.committed: dict[str, tuple[str, float]] = {}  # event id -> (phase, commit time)
 
 
-async def emit(conn: Any, team_id: UUID, round_: Round, phase: str, count: int, every: float) -> None:
+async def emit(
+    conn: Any, team_id: UUID, round_: Round, phase: str, count: int, every: float
+) -> None:
     started = time.monotonic()
     for n in range(count):
         if every:
@@ -187,10 +188,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         finally:
             receiver.terminate()
             receiver.wait(30)
-        arrivals = []
+        arrivals: list[tuple[int, str, float]] = []
         for line in notes.read_text().splitlines():
-            port, event_id, at = line.split()
-            arrivals.append((int(port), event_id, float(at)))
+            port_text, event_id, at = line.split()
+            arrivals.append((int(port_text), event_id, float(at)))
         shutdown = service.stop()
     return {
         "benchmark": "webhooks",
