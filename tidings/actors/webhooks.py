@@ -130,6 +130,10 @@ class EndpointActor(Actor[Wake]):
         self._limit = runtime.config.webhook_concurrency
         self._in_flight = 0
         self._poked = trio.Event()
+        # Attempts made and not yet recorded, and the recorder's wake-up.
+        self._outcomes: list[tuple[store.Claimed, store.Outcome]] = []
+        self._to_record = trio.Event()
+        self._closing = False
 
     async def run(self, mailbox: Mailbox[Wake]) -> None:
         runtime = self._runtime
@@ -144,9 +148,14 @@ class EndpointActor(Actor[Wake]):
         async with pool, trio.open_nursery() as nursery:
             listening = trio.CancelScope()
             nursery.start_soon(self._listen, mailbox, listening)
-            await self._loop(nursery, pool, mailbox)
-            listening.cancel()
-            # In-flight attempts finish before the pool closes.
+            nursery.start_soon(self._recorder)
+            try:
+                await self._loop(nursery, pool, mailbox)
+            finally:
+                listening.cancel()
+                # In-flight attempts finish and are recorded before the actor ends.
+                self._closing = True
+                self._to_record.set()
 
     async def _listen(self, mailbox: Mailbox[Wake], scope: trio.CancelScope) -> None:
         with scope:
@@ -194,29 +203,51 @@ class EndpointActor(Actor[Wake]):
         target: store.Target | None,
         claimed: store.Claimed,
     ) -> None:
-        runtime = self._runtime
-        recorded = False
+        made = False
         try:
             assert target is not None
             outcome = await self._post(pool, target, claimed)
-            runtime.attempts += 1
-            kept = await runtime.db.run(
-                store.record_attempt,
-                claimed,
-                runtime.owner,
-                outcome,
-                runtime.config.webhook_auto_disable_after,
-            )
-            recorded = True
-            if not kept:
-                log.info("attempt of delivery %s discarded: lease lost", claimed.id)
+            self._runtime.attempts += 1
+            self._outcomes.append((claimed, outcome))
+            made = True
         finally:
-            if not recorded:
+            self._in_flight -= 1
+            if not made:
                 # Cut short (shutdown): give the delivery back for another attempt now.
                 with trio.move_on_after(2, shield=True):
-                    await runtime.db.run(store.release, claimed.id, runtime.owner)
-            self._in_flight -= 1
-            self._poked.set()
+                    await self._runtime.db.run(store.release, [claimed.id], self._runtime.owner)
+            self._to_record.set()
+
+    async def _recorder(self) -> None:
+        """Record finished attempts: all those waiting, in one round trip.
+
+        While one batch is written the next gathers, so a busy endpoint
+        writes many attempts per round trip and an idle one waits for none.
+        """
+        runtime = self._runtime
+        while True:
+            await self._to_record.wait()
+            self._to_record = trio.Event()
+            batch, self._outcomes = self._outcomes, []
+            if batch:
+                try:
+                    await runtime.db.run(
+                        store.record_attempts,
+                        batch,
+                        runtime.owner,
+                        runtime.config.webhook_auto_disable_after,
+                    )
+                except BaseException:
+                    # Not recorded (shutdown cut it short, or storage failed):
+                    # hand the deliveries back rather than wait for the leases.
+                    with trio.move_on_after(2, shield=True):
+                        await runtime.db.run(
+                            store.release, [claimed.id for claimed, _ in batch], runtime.owner
+                        )
+                    raise
+                self._poked.set()  # a retry due at once may be claimable now
+            if self._closing and self._in_flight == 0 and not self._outcomes:
+                return
 
     async def _post(
         self, pool: httpcore.AsyncConnectionPool, target: store.Target, claimed: store.Claimed

@@ -515,48 +515,50 @@ SELECT (SELECT count(*) FROM delivery) AS recorded, (SELECT status FROM endpoint
 """
 
 
-async def record_attempt(
+async def record_attempts(
     conn: Any,
-    claimed: Claimed,
+    attempts: Sequence[tuple[Claimed, Outcome]],
     owner: UUID,
-    outcome: Outcome,
     auto_disable_after: int,
-) -> bool:
-    """Record an attempt and move its delivery (and maybe its endpoint) on.
+) -> None:
+    """Record attempts and move their deliveries (and maybe endpoints) on.
 
-    Returns False, recording nothing, when this process no longer holds the
-    delivery's lease (it expired and another process took the delivery, or
-    the endpoint was deleted). Runs on a raw asyncpg connection.
+    One statement per attempt, in order, pipelined in one round trip and
+    one transaction. An attempt whose lease this process no longer holds
+    (it expired and another process took the delivery, or the endpoint was
+    deleted) records nothing. Runs on a raw asyncpg connection.
     """
-    row = await conn.fetchrow(
+    await conn.executemany(
         RECORD_ATTEMPT,
-        claimed.id,
-        owner,
-        claimed.attempt_count,
-        outcome.status,
-        outcome.retry_in_seconds,
-        outcome.response_status,
-        outcome.response_body,
-        outcome.error,
-        outcome.started_at,
-        outcome.duration_ms,
-        auto_disable_after,
+        [
+            (
+                claimed.id,
+                owner,
+                claimed.attempt_count,
+                outcome.status,
+                outcome.retry_in_seconds,
+                outcome.response_status,
+                outcome.response_body,
+                outcome.error,
+                outcome.started_at,
+                outcome.duration_ms,
+                auto_disable_after,
+            )
+            for claimed, outcome in attempts
+        ],
     )
-    return bool(row["recorded"])
 
 
-async def release(conn: Any, delivery_id: UUID, owner: UUID) -> None:
-    """Give a claimed delivery back unattempted (on shutdown)."""
+async def release(conn: Any, delivery_ids: Sequence[UUID], owner: UUID) -> None:
+    """Give claimed deliveries back unattempted (on shutdown)."""
     await conn.execute(
         """
         UPDATE webhook_deliveries SET leased_until = NULL, lease_owner = NULL
-        WHERE id = $1 AND lease_owner = $2
+        WHERE id = ANY($1) AND lease_owner = $2
         """,
-        delivery_id,
+        list(delivery_ids),
         owner,
     )
-
-
 async def due_endpoints(conn: Any, limit: int) -> list[UUID]:
     """Enabled endpoints with a delivery due now that nobody holds."""
     rows = await conn.fetch(
