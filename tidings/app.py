@@ -77,7 +77,8 @@ async def open_service(
                                 revocations,
                                 idempotency.supervisor,
                                 *webhooks.supervisors(),
-                            ]
+                            ],
+                            webhook_attempts=lambda: webhooks.attempts,
                         ),
                         webhooks=webhooks,
                     )

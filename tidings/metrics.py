@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -34,8 +34,27 @@ class _SupervisorCollector(Collector):
         yield restarts
 
 
+class _WebhookCollector(Collector):
+    def __init__(self, attempts: Callable[[], Mapping[str, int]]) -> None:
+        self._attempts = attempts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        attempts = CounterMetricFamily(
+            "tidings_webhook_attempts",
+            "Webhook attempts made by this process, by what the delivery became",
+            labels=["result"],
+        )
+        for result, count in sorted(self._attempts().items()):
+            attempts.add_metric([result], count)
+        yield attempts
+
+
 class Metrics:
-    def __init__(self, supervisors: Callable[[], list[Supervisor]]) -> None:  # type: ignore[type-arg]
+    def __init__(
+        self,
+        supervisors: Callable[[], list[Supervisor]],  # type: ignore[type-arg]
+        webhook_attempts: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "tidings_http_requests",
@@ -51,6 +70,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_SupervisorCollector(supervisors))
+        self.registry.register(_WebhookCollector(webhook_attempts))
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()

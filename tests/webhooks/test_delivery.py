@@ -470,3 +470,19 @@ async def test_delete_removes_deliveries_and_attempts_but_keeps_events(
         assert await conn.fetchval("SELECT count(*) FROM webhook_attempts") == 0
     kept = await client.get(f"/events/{event_id}")
     assert kept.status_code == 200, kept.text
+
+
+async def test_attempts_are_counted_in_the_metrics(
+    client: httpx.AsyncClient, make_receiver: MakeReceiver, emit: Emit
+) -> None:
+    receiver = await make_receiver(failing)
+    endpoint = await create_endpoint(client, receiver.url)
+    await emit()
+    await settled(client, endpoint["id"])
+    receiver.respond = lambda _request: _ok()
+    await emit()
+    await settled(client, endpoint["id"], 2)
+    text = (await client.get("/metrics")).text
+    assert 'tidings_webhook_attempts_total{result="retrying"} 2.0' in text
+    assert 'tidings_webhook_attempts_total{result="failed"} 1.0' in text
+    assert 'tidings_webhook_attempts_total{result="succeeded"} 1.0' in text

@@ -21,6 +21,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -73,7 +74,8 @@ class Webhooks:
         self.ssl_context = httpx.create_ssl_context()
         self.endpoints: Supervisor[UUID, Wake] | None = None
         self.dispatcher: Supervisor[str, None] | None = None
-        self.attempts = 0
+        # Attempts made by this process, by the state they moved their delivery to.
+        self.attempts: Counter[str] = Counter()
 
     def supervisors(self) -> list[Supervisor[UUID, Wake] | Supervisor[str, None]]:
         return [s for s in (self.endpoints, self.dispatcher) if s is not None]
@@ -207,7 +209,7 @@ class EndpointActor(Actor[Wake]):
         try:
             assert target is not None
             outcome = await self._post(pool, target, claimed)
-            self._runtime.attempts += 1
+            self._runtime.attempts[outcome.status] += 1
             self._outcomes.append((claimed, outcome))
             made = True
         finally:
