@@ -15,7 +15,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from tidings.http import contacts, system, tokens
+from tidings.http import contacts, system, templates, tokens
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
 from tidings.http.routing import Route, Routes, make_view
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidings.http")
 
-GROUPS: tuple[Routes, ...] = (system.routes, tokens.routes, contacts.routes)
+GROUPS: tuple[Routes, ...] = (system.routes, tokens.routes, contacts.routes, templates.routes)
 
 HTTP_CODES = {
     400: "BAD_REQUEST",
