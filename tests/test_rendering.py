@@ -227,3 +227,13 @@ def test_text_of_plain_or_broken_html() -> None:
     assert html_to_text("") == ""
     assert html_to_text("<p>unclosed <b>bold") == "unclosed bold"
     assert html_to_text("a</p>b<p>") == "a\n\nb"
+
+
+def test_text_leaves_out_hidden_elements_and_invisible_padding() -> None:
+    html = (
+        '<div style="display:none;max-height:0">Preheader &#8204;&#65279;&#847;'
+        "<div>nested</div> still hidden</div>"
+        '<p hidden>not shown</p><span style="DISPLAY: NONE">no</span>'
+        "<p>Shown, soft&shy;hyphen and zero&#8203;width</p>"
+    )
+    assert html_to_text(html) == "Shown, softhyphen and zerowidth"

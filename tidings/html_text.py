@@ -3,14 +3,16 @@
 ``html_to_text`` keeps what a reader of the plain-text part needs: the words,
 paragraphs and line breaks, list items, and the targets of links (``label
 (https://...)``). It drops what only a browser uses: ``<head>``, ``<style>``,
-``<script>``, comments and attributes. Whitespace is collapsed as a browser
-would, except inside ``<pre>``.
+``<script>``, elements hidden with ``display: none`` or ``hidden`` (such as
+inbox preheaders), comments, attributes and invisible filler characters.
+Whitespace is collapsed as a browser would, except inside ``<pre>``.
 """
 
 from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
+from typing import Any
 
 # Elements that start and end on a line of their own.
 _LINE = frozenset({
@@ -31,6 +33,9 @@ _VOID = frozenset({
 })
 _LINK_SCHEMES = ("mailto:", "tel:")
 
+_DISPLAY_NONE = re.compile(r"display\s*:\s*none", re.IGNORECASE)
+# Zero-width and other invisible characters that pad preheaders and split words.
+_INVISIBLE = re.compile("[\u00ad\u034f\u200b-\u200d\u2060\ufeff]")
 _SPACES = re.compile(r"\s+")
 _TRAILING = re.compile(r"[ \t]+\n")
 _BLANKS = re.compile(r"\n{3,}")
@@ -43,6 +48,8 @@ class _TextWriter(HTMLParser):
         self.pending = 0  # line breaks owed before the next text (0, 1 or 2)
         self.line_start = True
         self.hidden = 0
+        # Elements hidden by their attributes: [tag, how many of that tag are open].
+        self.hiding: list[list[Any]] = []
         self.pre = 0
         self.lists: list[list[int]] = []  # per open list: [next number] for ol, [] for ul
         self.links: list[tuple[str, int]] = []  # (href, len(out) when the link opened)
@@ -78,6 +85,13 @@ class _TextWriter(HTMLParser):
         if tag in _HIDDEN:
             self.hidden += 1
             return
+        if tag not in _VOID:
+            if self.hiding and self.hiding[-1][0] == tag:
+                self.hiding[-1][1] += 1
+            elif _hides(attrs):
+                self.hiding.append([tag, 1])
+                self.hidden += 1
+                return
         if tag in _PARAGRAPH:
             self.block(2)
         elif tag in _LINE:
@@ -114,6 +128,12 @@ class _TextWriter(HTMLParser):
         if tag in _HIDDEN:
             self.hidden = max(0, self.hidden - 1)
             return
+        if self.hiding and self.hiding[-1][0] == tag:
+            self.hiding[-1][1] -= 1
+            if self.hiding[-1][1] == 0:
+                self.hiding.pop()
+                self.hidden = max(0, self.hidden - 1)
+                return
         if tag == "pre":
             self.pre = max(0, self.pre - 1)
         elif tag in ("ul", "ol") and self.lists:
@@ -154,10 +174,17 @@ class _TextWriter(HTMLParser):
 
     def result(self) -> str:
         self.close()
-        text = "".join(self.out).replace("\xa0", " ")
+        text = _INVISIBLE.sub("", "".join(self.out)).replace("\xa0", " ")
         text = _TRAILING.sub("\n", text)
         text = _BLANKS.sub("\n\n", text)
         return text.strip("\n ").rstrip()
+
+
+def _hides(attrs: list[tuple[str, str | None]]) -> bool:
+    for name, value in attrs:
+        if name == "hidden" or (name == "style" and value and _DISPLAY_NONE.search(value)):
+            return True
+    return False
 
 
 def html_to_text(html: str) -> str:
