@@ -35,7 +35,8 @@ ROW = """
         <td style="padding: 8px 24px; font-family: Helvetica, Arial, sans-serif; font-size: 14px;
                    color: #333333; border-bottom: 1px solid #eeeeee;">{label}</td>
         <td style="padding: 8px 24px; font-family: Helvetica, Arial, sans-serif; font-size: 14px;
-                   color: #333333; border-bottom: 1px solid #eeeeee; text-align: right;">{value}</td>
+                   color: #333333; border-bottom: 1px solid #eeeeee;
+                   text-align: right;">{value}</td>
       </tr>"""
 
 HTML = (
