@@ -350,15 +350,21 @@ def build_content(
 ) -> store.VersionContent:
     """A version's content, checked as a template (400 naming the field)."""
     from_email, from_name = parse_from(from_) if from_ is not None else (None, None)
-    content = store.VersionContent(
-        subject=subject,
-        html=html,
-        text=text,
-        from_email=from_email,
-        from_name=from_name,
-        reply_to_email=reply_to,
-        variables=variables,
+    return checked(
+        store.VersionContent(
+            subject=subject,
+            html=html,
+            text=text,
+            from_email=from_email,
+            from_name=from_name,
+            reply_to_email=reply_to,
+            variables=variables,
+        )
     )
+
+
+def checked(content: store.VersionContent) -> store.VersionContent:
+    """``content`` if it compiles as a template, else 400 naming the field."""
     try:
         compile_template(content)
     except TemplateError as error:
@@ -482,20 +488,17 @@ def merged_content(base: store.TemplateVersion, body: UpdateTemplate) -> store.V
         if "variables" in given and body.variables is not None
         else carried.variables
     )
-    content = store.VersionContent(
-        subject=body.subject if "subject" in given else carried.subject,
-        html=body.html if "html" in given and body.html is not None else carried.html,
-        text=body.text if "text" in given else carried.text,
-        from_email=from_email,
-        from_name=from_name,
-        reply_to_email=body.reply_to if "reply_to" in given else carried.reply_to_email,
-        variables=variables,
+    return checked(
+        store.VersionContent(
+            subject=body.subject if "subject" in given else carried.subject,
+            html=body.html if "html" in given and body.html is not None else carried.html,
+            text=body.text if "text" in given else carried.text,
+            from_email=from_email,
+            from_name=from_name,
+            reply_to_email=body.reply_to if "reply_to" in given else carried.reply_to_email,
+            variables=variables,
+        )
     )
-    try:
-        compile_template(content)
-    except TemplateError as error:
-        raise bad_request(f"invalid body: {error}") from None
-    return content
 
 
 @routes.route(
@@ -548,7 +551,7 @@ async def get_version(call: Call, template: str, version_id: UUID) -> TemplateVe
 async def render_template(call: Call, template: str, body: RenderTemplate) -> RenderedTemplate:
     ref = template_ref(template)
     if body.version_id is None:
-        version = await store.get_sending_version(call.conn, call.team_id, ref)
+        version = await store.get_default_version(call.conn, call.team_id, ref)
     else:
         version = await store.get_version(call.conn, call.team_id, ref, body.version_id)
     if version is None:

@@ -141,8 +141,8 @@ SELECT {VERSION_COLUMNS} FROM templates t JOIN template_versions v ON v.template
 WHERE {BY_REF} AND v.id = $4
 """
 
-# The version a send uses by default: the published one, else the current draft.
-SELECT_SENDING_VERSION = f"""
+# The version a render uses by default: the published one, else the current draft.
+SELECT_DEFAULT_VERSION = f"""
 SELECT {VERSION_COLUMNS} FROM templates t
 JOIN template_versions v ON v.id = COALESCE(t.published_version_id, t.current_version_id)
 WHERE {BY_REF}
@@ -406,11 +406,11 @@ async def get_version(
     return None if row is None else TemplateVersion.from_row(row)
 
 
-async def get_sending_version(
+async def get_default_version(
     conn: Any, team_id: UUID, ref: TemplateRef
 ) -> TemplateVersion | None:
-    """The version sends use: the published one, else the current draft."""
-    row = await conn.fetchrow(SELECT_SENDING_VERSION, team_id, *ref.args)
+    """The version a render uses by default: the published one, else the current draft."""
+    row = await conn.fetchrow(SELECT_DEFAULT_VERSION, team_id, *ref.args)
     return None if row is None else TemplateVersion.from_row(row)
 
 
