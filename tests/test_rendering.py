@@ -14,6 +14,7 @@ from tidings.rendering import (
     TemplateError,
     Variable,
     WrongType,
+    _CompiledCache,
     compile_template,
     format_value,
     render,
@@ -176,6 +177,22 @@ def test_compiling_is_cached_by_content() -> None:
     version = Version(html="{{{NAME}}}", variables=(NAME,))
     assert compile_template(version) is compile_template(Version(html="{{{NAME}}}",
                                                                  variables=[NAME]))
+
+
+def test_the_cache_keeps_within_its_budget_and_drops_the_least_recent() -> None:
+    cache = _CompiledCache(max_chars=40_000)  # room for about 6 of these
+    keys = [(None, f"<p>{n}</p>" + "x" * 1000, None, ()) for n in range(12)]
+    first = cache.get(keys[0])
+    for key in keys[1:]:
+        cache.get(key)
+        cache.get(keys[0])  # kept in use: never the least recent
+        assert cache.chars <= cache.max_chars
+    assert 1 < len(cache) < len(keys)
+    assert cache.get(keys[0]) is first
+    assert keys[1] not in cache and keys[-1] in cache
+    # A template larger than the whole budget is compiled but not kept.
+    huge = (None, "y" * 20_000, None, ())
+    assert cache.get(huge) is not cache.get(huge)
 
 
 # --- html_to_text -------------------------------------------------------------------

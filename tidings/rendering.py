@@ -22,10 +22,10 @@ many recipients compiles it once.
 
 from __future__ import annotations
 
-import functools
 import html as html_lib
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
@@ -219,7 +219,7 @@ def _compile_part(field: str, source: str, declared: frozenset[str]) -> tuple[st
 class CompiledTemplate:
     """A version's parts as format strings, ready to render many times."""
 
-    __slots__ = ("variables", "_subject", "_html", "_text", "_types", "_fallbacks")
+    __slots__ = ("variables", "text_source", "_subject", "_html", "_text", "_types", "_fallbacks")
 
     def __init__(
         self, subject: str | None, html: str, text: str | None, variables: Sequence[Variable]
@@ -229,10 +229,8 @@ class CompiledTemplate:
         self.variables = tuple(variables)
         self._subject = None if subject is None else _compile_part("subject", subject, declared)
         self._html = _compile_part("html", html, declared)
-        if text is None:
-            self._text = _compile_part("html", html_to_text(html), declared)
-        else:
-            self._text = _compile_part("text", text, declared)
+        self.text_source = html_to_text(html) if text is None else text
+        self._text = _compile_part("html" if text is None else "text", self.text_source, declared)
         self._types = {v.key: v.type for v in variables}
         self._fallbacks = {
             v.key: format_value(v.fallback_value)
@@ -281,17 +279,49 @@ def _one_line(values: dict[str, str]) -> dict[str, str]:
     }
 
 
-@functools.lru_cache(maxsize=512)
-def _compile_cached(
-    subject: str | None, html: str, text: str | None, variables: tuple[Variable, ...]
-) -> CompiledTemplate:
-    return CompiledTemplate(subject, html, text, variables)
+CacheKey = tuple[str | None, str, str | None, tuple[Variable, ...]]
+
+
+class _CompiledCache:
+    """Compiled templates by content, least recently used out first, within a
+    budget of characters: templates may be large, and a team may have many."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self.chars = 0
+        self._entries: OrderedDict[CacheKey, tuple[CompiledTemplate, int]] = OrderedDict()
+
+    def get(self, key: CacheKey) -> CompiledTemplate:
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+            return found[0]
+        subject, html, text, variables = key
+        compiled = CompiledTemplate(subject, html, text, variables)
+        # The key's strings, the format strings made of them, the text part.
+        size = 2 * (len(subject or "") + len(html)) + 3 * len(compiled.text_source) + 1000
+        if size <= self.max_chars:
+            self._entries[key] = (compiled, size)
+            self.chars += size
+            while self.chars > self.max_chars:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self.chars -= evicted
+        return compiled
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: CacheKey) -> bool:
+        return key in self._entries
+
+
+# At most 32 M characters of templates: under 150 MB even if all were 4-byte characters.
+_cache = _CompiledCache(max_chars=32 * 1024 * 1024)
 
 
 def compile_template(content: Content) -> CompiledTemplate:
     """The compiled form of a version (cached by content). Raises TemplateError."""
-    return _compile_cached(content.subject, content.html, content.text, tuple(content.variables))
-
+    return _cache.get((content.subject, content.html, content.text, tuple(content.variables)))
 
 def render(content: Content, variables: Mapping[str, object]) -> Rendered:
     """Render a version with ``variables``. Raises RenderError listing every bad key."""

@@ -327,6 +327,10 @@ async def test_list_is_paged_newest_first_and_filters(client: httpx.AsyncClient)
     assert_error(
         await client.get("/templates", params={"category": "nope"}), 400, "BAD_REQUEST"
     )
+    message = assert_error(
+        await client.get("/templates", params={"search": "a\x00b"}), 400, "BAD_REQUEST"
+    )
+    assert "search" in message
 
 
 async def test_delete_by_id_or_alias_answers_204_and_frees_the_alias(

@@ -166,6 +166,13 @@ class TemplateQuery(Paging):
         description="Case-insensitive part of the name or the alias",
     )
 
+    @field_validator("search")
+    @classmethod
+    def no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("must not contain NUL characters (\\u0000)")
+        return value
+
 
 # --- responses ---------------------------------------------------------------------------
 
