@@ -173,6 +173,10 @@ async def test_from_is_an_address_with_an_optional_display_name(
         "hi@acme.example <other@evil.example>",
         "Acme\r\nBcc: x@evil.example <hi@acme.example>",
         "",
+        # Inputs on which the standard library's parser fails internally.
+        "Acme@[ ",
+        ':Zr@.J8,>;{7;^><',
+        '.:"Vd[Hd-',
     ]
     for value in refused:
         message = assert_error(await create(client, **{"from": value}), 400, "BAD_REQUEST")

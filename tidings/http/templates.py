@@ -333,7 +333,10 @@ def parse_from(value: str) -> tuple[str, str | None]:
         header = _HEADERS("From", value)
         groups = header.groups  # type: ignore[attr-defined]
         addresses = header.addresses  # type: ignore[attr-defined]
-    except (email_errors.HeaderParseError, ValueError, IndexError, TypeError):
+    except Exception:
+        # On some malformed input the standard library's parser fails with
+        # internal errors (AttributeError, UnboundLocalError...) instead of
+        # reporting a defect: all of them mean the value is not an address.
         raise bad_request(f"invalid body: from: {reason}") from None
     invalid = [d for d in header.defects if isinstance(d, email_errors.InvalidHeaderDefect)]
     if invalid or len(addresses) != 1 or groups[0].display_name is not None:
