@@ -25,6 +25,7 @@ from __future__ import annotations
 import html as html_lib
 import math
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -284,25 +285,31 @@ CacheKey = tuple[str | None, str, str | None, tuple[Variable, ...]]
 
 class _CompiledCache:
     """Compiled templates by content, least recently used out first, within a
-    budget of characters: templates may be large, and a team may have many."""
+    budget of characters: templates may be large, and a team may have many.
+    Safe to use from worker threads too."""
 
     def __init__(self, max_chars: int) -> None:
         self.max_chars = max_chars
         self.chars = 0
         self._entries: OrderedDict[CacheKey, tuple[CompiledTemplate, int]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, key: CacheKey) -> CompiledTemplate:
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-            return found[0]
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found[0]
         subject, html, text, variables = key
         compiled = CompiledTemplate(subject, html, text, variables)
         # The key's strings, the format strings made of them, the text part.
         size = 2 * (len(subject or "") + len(html)) + 3 * len(compiled.text_source) + 1000
-        if size <= self.max_chars:
-            self._entries[key] = (compiled, size)
-            self.chars += size
+        if size > self.max_chars:
+            return compiled
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = (compiled, size)
+                self.chars += size
             while self.chars > self.max_chars:
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self.chars -= evicted
