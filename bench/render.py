@@ -107,7 +107,7 @@ HTML = (
 
 @dataclass(frozen=True)
 class Version:
-    subject: str | None
+    subject: str
     html: str
     text: str | None
     variables: tuple[Variable, ...]

@@ -24,7 +24,7 @@ from tidings.rendering import (
 @dataclass(frozen=True)
 class Version:
     html: str
-    subject: str | None = None
+    subject: str = "Hello"
     text: str | None = None
     variables: Sequence[Variable] = field(default_factory=tuple)
 
@@ -131,10 +131,6 @@ def test_line_breaks_in_values_do_not_reach_the_subject() -> None:
     assert rendered.text == "Ada\r\nBcc: x@evil.example\nY\rZ"
 
 
-def test_without_subject_the_subject_is_none() -> None:
-    assert render(Version(html="x"), {}).subject is None
-
-
 def test_values_are_formatted_like_json() -> None:
     assert format_value(True) == "true"
     assert format_value(3) == "3"
@@ -181,7 +177,7 @@ def test_compiling_is_cached_by_content() -> None:
 
 def test_the_cache_keeps_within_its_budget_and_drops_the_least_recent() -> None:
     cache = _CompiledCache(max_chars=40_000)  # room for about 6 of these
-    keys = [(None, f"<p>{n}</p>" + "x" * 1000, None, ()) for n in range(12)]
+    keys = [("Hi", f"<p>{n}</p>" + "x" * 1000, None, ()) for n in range(12)]
     first = cache.get(keys[0])
     for key in keys[1:]:
         cache.get(key)
@@ -191,7 +187,7 @@ def test_the_cache_keeps_within_its_budget_and_drops_the_least_recent() -> None:
     assert cache.get(keys[0]) is first
     assert keys[1] not in cache and keys[-1] in cache
     # A template larger than the whole budget is compiled but not kept.
-    huge = (None, "y" * 20_000, None, ())
+    huge = ("Hi", "y" * 20_000, None, ())
     assert cache.get(huge) is not cache.get(huge)
 
 

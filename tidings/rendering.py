@@ -57,7 +57,7 @@ class Variable:
 
 @dataclass(frozen=True)
 class Rendered:
-    subject: str | None
+    subject: str
     html: str
     text: str
 
@@ -66,7 +66,7 @@ class Content(Protocol):
     """What the renderer reads from a template version."""
 
     @property
-    def subject(self) -> str | None: ...
+    def subject(self) -> str: ...
 
     @property
     def html(self) -> str: ...
@@ -223,12 +223,12 @@ class CompiledTemplate:
     __slots__ = ("variables", "text_source", "_subject", "_html", "_text", "_types", "_fallbacks")
 
     def __init__(
-        self, subject: str | None, html: str, text: str | None, variables: Sequence[Variable]
+        self, subject: str, html: str, text: str | None, variables: Sequence[Variable]
     ) -> None:
         check_variables(variables)
         declared = frozenset(v.key for v in variables)
         self.variables = tuple(variables)
-        self._subject = None if subject is None else _compile_part("subject", subject, declared)
+        self._subject = _compile_part("subject", subject, declared)
         self._html = _compile_part("html", html, declared)
         self.text_source = html_to_text(html) if text is None else text
         self._text = _compile_part("html" if text is None else "text", self.text_source, declared)
@@ -260,10 +260,8 @@ class CompiledTemplate:
 
     def render(self, supplied: Mapping[str, object]) -> Rendered:
         values = self.resolve(supplied)
-        subject = None
-        if self._subject is not None:
-            fmt, used = self._subject
-            subject = fmt % _one_line(values) if used else fmt % ()
+        fmt, used = self._subject
+        subject = fmt % _one_line(values) if used else fmt % ()
         fmt, used = self._html
         html = fmt % {k: html_lib.escape(v) for k, v in values.items()} if used else fmt % ()
         fmt, used = self._text
@@ -280,7 +278,7 @@ def _one_line(values: dict[str, str]) -> dict[str, str]:
     }
 
 
-CacheKey = tuple[str | None, str, str | None, tuple[Variable, ...]]
+CacheKey = tuple[str, str, str | None, tuple[Variable, ...]]
 
 
 class _CompiledCache:
@@ -303,7 +301,7 @@ class _CompiledCache:
         subject, html, text, variables = key
         compiled = CompiledTemplate(subject, html, text, variables)
         # The key's strings, the format strings made of them, the text part.
-        size = 2 * (len(subject or "") + len(html)) + 3 * len(compiled.text_source) + 1000
+        size = 2 * (len(subject) + len(html)) + 3 * len(compiled.text_source) + 1000
         if size > self.max_chars:
             return compiled
         with self._lock:

@@ -11,7 +11,7 @@ import httpx
 
 from tests.conftest import Credential, MakeToken, assert_error
 
-MINIMAL = {"name": "Welcome", "html": "<p>Hello</p>"}
+MINIMAL = {"name": "Welcome", "subject": "Welcome aboard", "html": "<p>Hello</p>"}
 
 
 async def create(client: httpx.AsyncClient, **fields: Any) -> httpx.Response:
@@ -101,14 +101,14 @@ async def test_create_makes_draft_version_1_with_the_given_content(
     assert version["created_at"].endswith("Z")
 
 
-async def test_only_name_and_html_are_required(client: httpx.AsyncClient) -> None:
+async def test_name_subject_and_html_are_required(client: httpx.AsyncClient) -> None:
     template_id = await created_id(client)
     version = (await client.get(f"/templates/{template_id}")).json()["data"]["current_version"]
-    assert version["subject"] is None
+    assert version["subject"] == "Welcome aboard"
     assert version["from_email"] is None and version["from_name"] is None
     assert version["text"] is None
     assert version["variables"] == []
-    for missing in ("name", "html"):
+    for missing in ("name", "subject", "html"):
         body = {k: v for k, v in MINIMAL.items() if k != missing}
         message = assert_error(await client.post("/templates", json=body), 400, "BAD_REQUEST")
         assert f"{missing}: is required" in message
@@ -197,11 +197,11 @@ async def test_from_is_at_most_255_characters_display_name_included(
     assert "from" in message and "255" in message
 
 
-async def test_subject_has_at_least_one_character_and_one_line(
+async def test_subject_is_a_string_of_at_least_one_character_and_one_line(
     client: httpx.AsyncClient,
 ) -> None:
     assert (await create(client, subject="S")).status_code == 201
-    for bad in ("", "two\nlines"):
+    for bad in ("", "two\nlines", None):
         message = assert_error(await create(client, subject=bad), 400, "BAD_REQUEST")
         assert "subject" in message
 

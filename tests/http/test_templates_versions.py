@@ -90,11 +90,10 @@ async def test_patch_null_clears_optional_content_and_the_text_is_derived_again(
     client: httpx.AsyncClient,
 ) -> None:
     template = await make(client)
-    updated = await patch(
-        client, template["id"], subject=None, text=None, reply_to=None, **{"from": None}
-    )
+    updated = await patch(client, template["id"], text=None, reply_to=None, **{"from": None})
     version = updated["current_version"]
-    assert version["subject"] is None and version["text"] is None
+    assert version["text"] is None
+    assert version["subject"] == template["current_version"]["subject"]
     assert version["from_email"] is None and version["from_name"] is None
     assert version["reply_to_email"] is None
     rendered = await client.post(f"/templates/{template['id']}/render")
@@ -122,11 +121,12 @@ async def test_patch_checks_what_it_is_given_and_the_version_it_makes(
     await make(client, alias="taken")
     message = assert_error(await client.patch(f"/templates/{ref}", json={}), 400, "BAD_REQUEST")
     assert "nothing to change" in message
-    for field in ("name", "html", "variables"):
+    # Required content may be changed, not removed.
+    for field in ("name", "subject", "html", "variables"):
         message = assert_error(
             await client.patch(f"/templates/{ref}", json={field: None}), 400, "BAD_REQUEST"
         )
-        assert field in message
+        assert f"{field}: " in message and "must not be null" in message, message
     for body in ({"name": "n" * 101}, {"alias": "a b"}, {"category": "spam"},
                  {"from": "nope"}, {"subject": ""}, {"change_note": "c" * 501}):
         message = assert_error(

@@ -92,7 +92,7 @@ class CreateTemplate(RequestBody):
         description="An email address, optionally with a display name: 'Acme <hi@acme.com>'",
     )
     reply_to: EmailStr | None = Field(None, max_length=320)
-    subject: str | None = Field(None, min_length=1, description="May hold placeholders")
+    subject: str = Field(min_length=1, description="One line; may hold placeholders")
     html: str = Field(min_length=1, description="May hold placeholders: {{{key}}}")
     text: str | None = Field(
         None, min_length=1,
@@ -105,7 +105,8 @@ class CreateTemplate(RequestBody):
 
 
 class UpdateTemplate(RequestBody):
-    """Fields not given are kept; ``null`` clears an optional one."""
+    """Fields not given are kept; ``null`` clears an optional one. ``name``,
+    ``subject``, ``html`` and ``variables`` may be changed, not cleared."""
 
     name: str | None = Field(None, min_length=1, max_length=100)
     alias: str | None = Field(
@@ -125,11 +126,11 @@ class UpdateTemplate(RequestBody):
     check_alias = field_validator("alias")(_alias_is_not_a_uuid)
     check_subject = field_validator("subject")(_one_line)
 
-    @field_validator("name", "html", "variables")
+    @field_validator("name", "subject", "html", "variables")
     @classmethod
     def not_null(cls, value: Any) -> Any:
         if value is None:
-            raise ValueError("must not be null")
+            raise ValueError("must not be null: it may be changed, not removed")
         return value
 
     @model_validator(mode="after")
@@ -191,7 +192,7 @@ class TemplateVersionOut(BaseModel):
     team_id: UUID
     template_id: UUID
     version_number: int
-    subject: str | None
+    subject: str
     html: str
     variables: list[VariableOut]
     created_at: datetime
@@ -299,7 +300,7 @@ class VersionList(BaseModel):
 
 
 class RenderedTemplate(BaseModel):
-    subject: str | None = Field(description="null when the version has no subject")
+    subject: str = Field(description="The version's subject, values filled in")
     html: str
     text: str = Field(description="The version's text part, or one derived from its html")
     version_id: UUID = Field(description="The version rendered")
@@ -353,7 +354,7 @@ def build_content(
     *,
     from_: str | None,
     reply_to: str | None,
-    subject: str | None,
+    subject: str,
     html: str,
     text: str | None,
     variables: tuple[Variable, ...],
@@ -500,7 +501,7 @@ def merged_content(base: store.TemplateVersion, body: UpdateTemplate) -> store.V
     )
     return checked(
         store.VersionContent(
-            subject=body.subject if "subject" in given else carried.subject,
+            subject=carried.subject if body.subject is None else body.subject,
             html=body.html if "html" in given and body.html is not None else carried.html,
             text=body.text if "text" in given else carried.text,
             from_email=from_email,

@@ -198,7 +198,7 @@ class Locked:
 class VersionContent:
     """What a version holds, before it is stored."""
 
-    subject: str | None
+    subject: str
     html: str
     text: str | None
     from_email: str | None
@@ -213,7 +213,7 @@ class TemplateVersion:
     team_id: UUID
     template_id: UUID
     version_number: int
-    subject: str | None
+    subject: str
     html: str
     text: str | None
     from_email: str | None

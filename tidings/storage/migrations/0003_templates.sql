@@ -24,7 +24,7 @@ CREATE TABLE template_versions (
     team_id              uuid NOT NULL,
     template_id          uuid NOT NULL,
     version_number       integer NOT NULL CHECK (version_number >= 1),
-    subject              text,
+    subject              text NOT NULL,
     html                 text NOT NULL,
     text                 text,
     from_email           text,
