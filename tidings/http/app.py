@@ -15,7 +15,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from tidings.http import contacts, events, system, tokens, webhooks
+from tidings.http import contacts, events, system, templates, tokens, webhooks
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
 from tidings.http.routing import Route, Routes, make_view
 
@@ -28,6 +28,7 @@ GROUPS: tuple[Routes, ...] = (
     system.routes,
     tokens.routes,
     contacts.routes,
+    templates.routes,
     webhooks.routes,
     events.routes,
 )

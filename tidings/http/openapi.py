@@ -136,7 +136,7 @@ def _operation(route: Route, refs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         operation["security"] = []
     if route.body is not None:
         operation["requestBody"] = {
-            "required": True,
+            "required": route.body_required,
             "content": {"application/json": {"schema": refs[route.body.__name__]}},
         }
     return operation

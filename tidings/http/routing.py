@@ -105,6 +105,7 @@ class Route:
     step_up: bool
     public: bool
     path_types: dict[str, type]
+    body_required: bool = True
 
     @property
     def rule(self) -> str:
@@ -137,7 +138,11 @@ class Routes:
         step_up: bool = False,
         public: bool = False,
         path_types: dict[str, type] | None = None,
+        body_required: bool = True,
     ) -> Callable[[Handler], Handler]:
+        """Declare a route. ``path_types`` maps path parameters that are not UUIDs
+        to ``str`` (handed over as they are); ``body_required=False`` lets a
+        request without a body stand for ``{}``."""
         def register(handler: Handler) -> Handler:
             self.items.append(
                 Route(
@@ -154,6 +159,7 @@ class Routes:
                     step_up=step_up,
                     public=public,
                     path_types=path_types or {},
+                    body_required=body_required,
                 )
             )
             return handler
@@ -228,7 +234,9 @@ def parse_query(model: type[BaseModel]) -> BaseModel:
         raise bad_request(describe_validation(error, "query")) from None
 
 
-def parse_body(model: type[BaseModel], raw: bytes) -> BaseModel:
+def parse_body(model: type[BaseModel], raw: bytes, required: bool = True) -> BaseModel:
+    if not raw.strip() and not required:
+        raw = b"{}"
     if not raw.strip():
         raise bad_request("request body is required: send a JSON object")
     try:
@@ -339,7 +347,7 @@ def make_view(service: Service, route: Route) -> Callable[..., Awaitable[Respons
             data = await request.get_data(cache=False, as_text=False)
             raw_body = data if isinstance(data, bytes) else data.encode()
         if route.body is not None:
-            kwargs["body"] = parse_body(route.body, raw_body)
+            kwargs["body"] = parse_body(route.body, raw_body, route.body_required)
         key = idempotency_key() if route.method in MUTATING else None
         if key is not None:
             return await run_idempotent(service, route, token, kwargs, key, raw_body)
