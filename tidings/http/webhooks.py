@@ -168,11 +168,15 @@ async def _vet_target(call: Call, url: str) -> None:
         ) from None
 
 
-async def _endpoint(call: Call, endpoint_id: UUID) -> store.Endpoint:
-    endpoint = await store.get_endpoint(call.conn, call.team_id, endpoint_id)
+def _found(endpoint: store.Endpoint | None) -> store.Endpoint:
+    """The endpoint a storage call found, or 404 (also for another team's)."""
     if endpoint is None:
         raise not_found("webhook endpoint")
     return endpoint
+
+
+async def _endpoint(call: Call, endpoint_id: UUID) -> store.Endpoint:
+    return _found(await store.get_endpoint(call.conn, call.team_id, endpoint_id))
 
 
 @routes.route(
@@ -229,9 +233,7 @@ async def update_endpoint(call: Call, endpoint_id: UUID, body: UpdateEndpoint) -
         description=body.description,
         set_description="description" in given,
     )
-    if endpoint is None:
-        raise not_found("webhook endpoint")
-    return EndpointOut.model_validate(endpoint)
+    return EndpointOut.model_validate(_found(endpoint))
 
 
 @routes.route(
@@ -251,9 +253,7 @@ async def delete_endpoint(call: Call, endpoint_id: UUID) -> Answer:
 )
 async def disable_endpoint(call: Call, endpoint_id: UUID) -> EndpointOut:
     endpoint = await store.disable_endpoint(call.conn, call.team_id, endpoint_id)
-    if endpoint is None:
-        raise not_found("webhook endpoint")
-    return EndpointOut.model_validate(endpoint)
+    return EndpointOut.model_validate(_found(endpoint))
 
 
 @routes.route(
@@ -263,9 +263,7 @@ async def disable_endpoint(call: Call, endpoint_id: UUID) -> EndpointOut:
 )
 async def enable_endpoint(call: Call, endpoint_id: UUID) -> EndpointOut:
     endpoint = await store.enable_endpoint(call.conn, call.team_id, endpoint_id)
-    if endpoint is None:
-        raise not_found("webhook endpoint")
-    return EndpointOut.model_validate(endpoint)
+    return EndpointOut.model_validate(_found(endpoint))
 
 
 @routes.route(
@@ -277,9 +275,7 @@ async def rotate_secret(call: Call, endpoint_id: UUID) -> EndpointWithSecret:
     endpoint = await store.rotate_secret(
         call.conn, call.team_id, endpoint_id, new_secret(), ROTATION_OVERLAP_SECONDS
     )
-    if endpoint is None:
-        raise not_found("webhook endpoint")
-    return EndpointWithSecret.model_validate(endpoint)
+    return EndpointWithSecret.model_validate(_found(endpoint))
 
 
 @routes.route(
