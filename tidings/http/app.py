@@ -15,7 +15,16 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from tidings.http import contacts, system, tokens
+from tidings.http import (
+    contact_import,
+    contact_properties,
+    contacts,
+    segments,
+    suppressions,
+    system,
+    tokens,
+    topics,
+)
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
 from tidings.http.routing import Route, Routes, make_view
 
@@ -24,7 +33,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidings.http")
 
-GROUPS: tuple[Routes, ...] = (system.routes, tokens.routes, contacts.routes)
+GROUPS: tuple[Routes, ...] = (
+    system.routes,
+    tokens.routes,
+    contacts.routes,
+    contact_import.routes,
+    contact_properties.routes,
+    topics.routes,
+    segments.routes,
+    suppressions.routes,
+)
 
 HTTP_CODES = {
     400: "BAD_REQUEST",
@@ -64,7 +82,10 @@ def http_error(error: HTTPException) -> Response:
 
 def create_app(service: Service) -> QuartTrio:
     app = QuartTrio("tidings")
-    app.config["MAX_CONTENT_LENGTH"] = service.config.max_body_bytes
+    # What any request may buffer; each route enforces its own limit within it.
+    app.config["MAX_CONTENT_LENGTH"] = max(
+        route.max_body_bytes(service.config) for route in all_routes()
+    )
     app.url_map.strict_slashes = False
 
     for route in all_routes():

@@ -1,10 +1,12 @@
-"""The base of every request body model."""
+"""The base of every request body model, and of list queries with filters."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
+
+from tidings.http.paging import Paging
 
 
 def _has_nul(value: Any) -> bool:
@@ -22,6 +24,17 @@ class RequestBody(BaseModel):
     (PostgreSQL text cannot hold them)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def no_nul(cls, value: Any) -> Any:
+        if _has_nul(value):
+            raise ValueError("must not contain NUL characters (\\u0000)")
+        return value
+
+
+class ListQuery(Paging):
+    """Paging and a list route's filters. No NUL characters in a filter either."""
 
     @field_validator("*", mode="after")
     @classmethod
