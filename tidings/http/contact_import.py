@@ -34,7 +34,7 @@ from tidings.http.contact_fields import (
     property_from_text,
 )
 from tidings.http.envelope import ApiError, bad_request, not_found, unprocessable
-from tidings.http.models import RequestBody
+from tidings.http.models import has_nul
 from tidings.http.routing import Call, RawBody, Routes
 from tidings.storage import contact_properties as definitions
 from tidings.storage import contacts as store
@@ -56,8 +56,14 @@ class ImportQuery(BaseModel):
     segment_id: UUID | None = Field(None, description="Add every imported contact to it")
 
 
-class ImportContact(RequestBody):
-    """One row. Absent (or null, or an empty CSV cell) leaves a stored value as it is."""
+class ImportContact(BaseModel):
+    """One row. Absent (or null, or an empty CSV cell) leaves a stored value as it is.
+
+    Strict like a RequestBody; NUL characters are looked for once per body
+    (rows are checked one by one only in a JSON body that has an escaped NUL).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     email: Email
     phone: str | None = Field(None, min_length=1, max_length=32)
@@ -149,8 +155,9 @@ def _reason(error: ValidationError) -> str:
 class Checker:
     """Checks rows one by one against the team's property definitions."""
 
-    def __init__(self, known: Mapping[str, PropertyType]) -> None:
+    def __init__(self, known: Mapping[str, PropertyType], check_nul: bool = False) -> None:
         self.known = known
+        self.check_nul = check_nul
         self.rows: list[store.ImportRow] = []
         self.rejected: list[Rejection] = []
         self.first_row_of: dict[str, int] = {}
@@ -162,6 +169,9 @@ class Checker:
     def add(self, row: int, values: Any) -> None:
         if not isinstance(values, dict):
             self.reject(row, None, "row: must be a JSON object")
+            return
+        if self.check_nul and has_nul(values):
+            self.reject(row, None, "row: must not contain NUL characters (\\u0000)")
             return
         try:
             contact = ImportContact.model_validate(values)
@@ -233,7 +243,8 @@ def parse_json(data: bytes, known: Mapping[str, PropertyType]) -> Parsed:
         )
     if len(document) > MAX_ROWS:
         raise too_many(len(document))
-    checker = Checker(known)
+    # JSON can only write a NUL as an escape; without one, no row has any.
+    checker = Checker(known, check_nul=b"\\u0000" in data)
     for number, values in enumerate(document, start=1):
         checker.add(number, values)
     return Parsed(len(document), checker.rows, checker.rejected, segment_id)

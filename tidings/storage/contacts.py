@@ -111,7 +111,7 @@ DELETE FROM contacts WHERE team_id = $1 AND id = ({TARGET}) RETURNING id
 # The bulk import, one pass: rows whose email the team has are updated, the
 # others inserted, all of them added to segment $13 (when not NULL). A row
 # whose email another transaction inserted after this statement's snapshot
-# is neither: it comes back in `leftover` for the next pass. Absent values
+# is neither, and is left for the next pass. Absent values
 # (NULL) never overwrite stored ones; properties are merged key by key.
 IMPORT_CONTACTS = """
 WITH input AS (
@@ -164,14 +164,9 @@ WITH input AS (
     ON CONFLICT DO NOTHING
     RETURNING contact_id
 )
-SELECT (SELECT count(*) FROM inserted) AS created,
-       (SELECT count(*) FROM updated) AS updated,
-       (SELECT count(*) FROM members) AS added,
-       ARRAY(
-           SELECT i.row_no FROM input i
-           WHERE i.row_no NOT IN (SELECT row_no FROM updated)
-             AND lower(i.email) NOT IN (SELECT email_key FROM inserted)
-       ) AS leftover
+SELECT ARRAY(SELECT email_key FROM inserted) AS inserted,
+       ARRAY(SELECT row_no FROM updated) AS updated,
+       (SELECT count(*) FROM members) AS added
 """
 
 @dataclass(frozen=True)
@@ -343,8 +338,10 @@ async def delete_contact(conn: Any, team_id: UUID, ref: ContactRef) -> bool:
 # after this many passes and reported back to the caller.
 IMPORT_PASSES = 3
 
+CUSTOM_PLANS = "SET LOCAL plan_cache_mode = force_custom_plan"
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class ImportRow:
     """One checked row. None means "not given": it never overwrites a stored value.
     ``properties`` is a JSON object text or None."""
@@ -382,6 +379,9 @@ async def import_contacts(
     """
     created = updated = added = 0
     pending = rows
+    # Plan each pass for its own rows: a generic plan, made for arrays of
+    # unknown length, can be badly wrong for 50,000 of them.
+    await conn.execute(CUSTOM_PLANS)
     for _ in range(IMPORT_PASSES):
         if not pending:
             break
@@ -401,9 +401,12 @@ async def import_contacts(
             [r.properties for r in pending],
             segment_id,
         )
-        created += record["created"]
-        updated += record["updated"]
+        inserted = set(record["inserted"])
+        updated_rows = set(record["updated"])
+        created += len(inserted)
+        updated += len(updated_rows)
         added += record["added"]
-        leftover = set(record["leftover"])
-        pending = [r for r in pending if r.row in leftover]
+        pending = [
+            r for r in pending if r.row not in updated_rows and r.email.lower() not in inserted
+        ]
     return ImportResult(created, updated, added, [r.row for r in pending])

@@ -77,3 +77,8 @@ CREATE INDEX contacts_team_unsubscribed ON contacts (team_id, created_at DESC, i
     WHERE unsubscribed;
 CREATE INDEX contacts_team_phone ON contacts (team_id, normalized_phone)
     WHERE normalized_phone IS NOT NULL;
+
+-- The unique index on lower(email) is partial, and the planner takes no
+-- statistics from partial indexes: without these it misjudges every join on
+-- lower(email), the import's above all.
+CREATE STATISTICS contacts_lower_email ON (lower(email)) FROM contacts;
