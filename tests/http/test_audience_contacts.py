@@ -7,7 +7,6 @@ import uuid
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.conftest import MakeToken, assert_error
 from tests.http.audience import create, ok
@@ -69,22 +68,18 @@ async def test_list_by_segment(client: httpx.AsyncClient) -> None:
     assert "segment" in assert_error(missing, 404, "NOT_FOUND")
 
 
-@pytest.mark.parametrize(
-    "params, field",
-    [
+async def test_list_rejects_bad_filters(client: httpx.AsyncClient) -> None:
+    refusals = [
         ({"unsubscribed": "perhaps"}, "unsubscribed"),
         ({"segment_id": "nope"}, "segment_id"),
         ({"search": ""}, "search"),
         ({"search": "x" * 201}, "search"),
         ({"search": "a\x00"}, "search"),
         ({"color": "red"}, "color"),
-    ],
-)
-async def test_list_rejects_bad_filters(
-    client: httpx.AsyncClient, params: dict[str, str], field: str
-) -> None:
-    message = assert_error(await client.get("/contacts", params=params), 400, "BAD_REQUEST")
-    assert field in message
+    ]
+    for params, field in refusals:
+        message = assert_error(await client.get("/contacts", params=params), 400, "BAD_REQUEST")
+        assert field in message, params
 
 
 # --- get by id or email ---------------------------------------------------------------------

@@ -6,7 +6,6 @@ import uuid
 from typing import Any
 
 import httpx
-import pytest
 import trio
 
 from tests.conftest import assert_error
@@ -39,15 +38,14 @@ async def test_segment_lifecycle_with_member_counts(client: httpx.AsyncClient) -
     assert [m["name"] for m in memberships["data"]] == ["Trial"]
 
 
-@pytest.mark.parametrize(
-    "body, field", [({}, "name"), ({"name": ""}, "name"), ({"name": "n" * 101}, "name"),
-                    ({"name": "S", "filter": "x"}, "filter"), ({"name": 5}, "name")],
-)
-async def test_segment_refusals(
-    client: httpx.AsyncClient, body: dict[str, Any], field: str
-) -> None:
-    message = assert_error(await client.post("/segments", json=body), 400, "BAD_REQUEST")
-    assert field in message
+async def test_segment_refusals(client: httpx.AsyncClient) -> None:
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({}, "name"), ({"name": ""}, "name"), ({"name": "n" * 101}, "name"),
+        ({"name": "S", "filter": "x"}, "filter"), ({"name": 5}, "name"),
+    ]
+    for body, field in refusals:
+        message = assert_error(await client.post("/segments", json=body), 400, "BAD_REQUEST")
+        assert field in message, body
 
 
 async def test_adding_again_answers_the_same_membership(client: httpx.AsyncClient) -> None:
