@@ -16,6 +16,7 @@ import trio
 
 from tests.conftest import Credential, assert_error
 from tests.http.audience import create, define, make, ok
+from tidings import cli
 from tidings.config import Config
 
 CSV = {"Content-Type": "text/csv"}
@@ -372,3 +373,12 @@ async def test_cli_import_failures(base_url: str, acme: Credential, tmp_path: Pa
                             "--team-token", acme.secret, "--url", base_url)
     assert no_file.returncode == 1 and "cannot read" in no_file.stderr.decode()
     assert refused.stdout == missing_segment.stdout == no_file.stdout == b""
+
+
+def test_cli_batch_size_is_checked(tmp_path: Path) -> None:
+    path = tmp_path / "contacts.csv"
+    path.write_text("email\nada@example.com\n")
+    for size in ("0", "50001"):
+        with pytest.raises(SystemExit, match="--batch-size must be 1 to 50000"):
+            cli.main(["contacts", "import", str(path), "--team-token", "svc_team_x",
+                      "--batch-size", size])
