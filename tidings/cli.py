@@ -1,4 +1,4 @@
-"""The ``tidings`` command: serve, and bootstrap or revoke credentials."""
+"""The ``tidings`` command: serve, bootstrap or revoke credentials, import contacts."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from uuid import UUID
 
 import trio
 
+from tidings import importing
 from tidings.app import serve
 from tidings.config import Config, SettingError
 from tidings.permissions import ALL_PERMISSIONS, unknown_permissions
@@ -109,6 +111,21 @@ def parser() -> argparse.ArgumentParser:
     )
     revoke = token_commands.add_parser("revoke", help="revoke a token")
     revoke.add_argument("token_id", type=UUID)
+
+    contacts = commands.add_parser("contacts", help="manage contacts")
+    contact_commands = contacts.add_subparsers(dest="contacts_command", required=True)
+    load = contact_commands.add_parser(
+        "import",
+        help="import a CSV file (or a .json array) through the HTTP API; prints one line of JSON",
+    )
+    load.add_argument("file", type=Path, help="CSV with a header row, or a .json array")
+    load.add_argument("--team-token", required=True, help="a token with contacts:write")
+    load.add_argument("--segment-id", type=UUID, help="add every imported contact to it")
+    load.add_argument("--url", default="http://127.0.0.1:8080", help="the service's address")
+    load.add_argument(
+        "--batch-size", type=int, default=importing.MAX_ROWS, metavar="ROWS",
+        help=f"rows per request (at most {importing.MAX_ROWS}, the service's limit)",
+    )
     return top
 
 
@@ -119,7 +136,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SettingError as error:
         raise SystemExit(f"tidings: {error}") from None
     configure_logging(config.log_level if args.command == "serve" else "WARNING")
-    if args.command == "serve":
+    if args.command == "contacts":
+        if not 1 <= args.batch_size <= importing.MAX_ROWS:
+            raise SystemExit(f"tidings: --batch-size must be 1 to {importing.MAX_ROWS}")
+        try:
+            report = importing.import_file(
+                args.file, args.url, args.team_token, args.segment_id, args.batch_size
+            )
+        except importing.ImportFailed as failure:
+            raise SystemExit(f"tidings: {failure}") from None
+        print(json.dumps(report), flush=True)
+    elif args.command == "serve":
         trio.run(run_until_signal, config, args.host, args.port)
     elif args.tokens_command == "create":
         if args.expires_in is not None and args.expires_in <= 0:

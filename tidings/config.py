@@ -72,6 +72,8 @@ class Config:
     db_pool_size: int = 10
 
     max_body_bytes: int = 1024 * 1024
+    # POST /contacts/import only: 50,000 rows of a typical CSV or JSON fit.
+    import_max_body_bytes: int = 32 * 1024 * 1024
     # Per-token requests per second (token bucket); 0 disables the limit.
     rate_limit_per_second: float = 100.0
     rate_limit_burst: int = 200
@@ -104,6 +106,9 @@ class Config:
             data_dir=Path(env.get("TIDINGS_DATA_DIR") or ".tidings"),
             db_pool_size=_int(env, "TIDINGS_DB_POOL_SIZE", 10, minimum=2),
             max_body_bytes=_int(env, "TIDINGS_MAX_BODY_BYTES", 1024 * 1024, minimum=1024),
+            import_max_body_bytes=_int(
+                env, "TIDINGS_IMPORT_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024
+            ),
             rate_limit_per_second=_float(env, "TIDINGS_RATE_LIMIT_PER_SECOND", 100.0),
             rate_limit_burst=_int(env, "TIDINGS_RATE_LIMIT_BURST", 200, minimum=1),
             idempotency_retention_seconds=_int(

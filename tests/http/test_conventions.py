@@ -36,9 +36,9 @@ def config(config: Config, config_changes: dict[str, Any]) -> Config:
 
 
 def padded_contact(size: int, email: str = "pad@example.com") -> bytes:
-    """A valid contact body of exactly ``size`` bytes."""
-    empty = json.dumps({"email": email, "properties": {"pad": ""}}).encode()
-    body = json.dumps({"email": email, "properties": {"pad": "x" * (size - len(empty))}}).encode()
+    """A valid contact body of exactly ``size`` bytes (JSON padded with spaces)."""
+    bare = json.dumps({"email": email}).encode()
+    body = bare[:-1] + b" " * (size - len(bare)) + b"}"
     assert len(body) == size
     return body
 

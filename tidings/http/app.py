@@ -15,7 +15,19 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from tidings.http import contacts, events, system, templates, tokens, webhooks
+from tidings.http import (
+    contact_import,
+    contact_properties,
+    contacts,
+    events,
+    segments,
+    suppressions,
+    system,
+    templates,
+    tokens,
+    topics,
+    webhooks,
+)
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
 from tidings.http.routing import Route, Routes, make_view
 
@@ -28,6 +40,11 @@ GROUPS: tuple[Routes, ...] = (
     system.routes,
     tokens.routes,
     contacts.routes,
+    contact_import.routes,
+    contact_properties.routes,
+    topics.routes,
+    segments.routes,
+    suppressions.routes,
     templates.routes,
     webhooks.routes,
     events.routes,
@@ -71,7 +88,10 @@ def http_error(error: HTTPException) -> Response:
 
 def create_app(service: Service) -> QuartTrio:
     app = QuartTrio("tidings")
-    app.config["MAX_CONTENT_LENGTH"] = service.config.max_body_bytes
+    # What any request may buffer; each route enforces its own limit within it.
+    app.config["MAX_CONTENT_LENGTH"] = max(
+        route.max_body_bytes(service.config) for route in all_routes()
+    )
     app.url_map.strict_slashes = False
 
     for route in all_routes():

@@ -1,4 +1,8 @@
-"""Contacts over HTTP."""
+"""Contacts over HTTP: create, list with filters, get, update and delete.
+
+A single contact is named in the path by its id or by its email address
+(``GET /contacts/ada@example.com``), case-insensitively.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +10,32 @@ from datetime import datetime
 from typing import Any, Literal, Self
 from uuid import UUID
 
-import phonenumbers
-from pydantic import BaseModel, ConfigDict, EmailStr, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tidings.http.envelope import bad_request, conflict, not_found
-from tidings.http.models import RequestBody
-from tidings.http.routing import Call, Routes
+from tidings.http.contact_fields import (
+    ConsentStatus,
+    Email,
+    FieldError,
+    check_properties,
+    normalize_phone,
+)
+from tidings.http.envelope import bad_request, conflict, not_found, unprocessable
+from tidings.http.models import ListQuery, RequestBody
+from tidings.http.paging import page
+from tidings.http.routing import Answer, Call, Routes
+from tidings.storage import contact_properties as definitions
 from tidings.storage import contacts as store
+from tidings.storage import segments as segment_store
 from tidings.storage.errors import Duplicate
 
 routes = Routes("Contacts")
 
-ConsentStatus = Literal["unknown", "opted_in", "opted_out"]
+CONTACT_REF: dict[str, type] = {"contact_id": str}
+SOURCE = "Where a change of sms_consent_status came from: api, import, keyword, ..."
 
 
 class CreateContact(RequestBody):
-    email: EmailStr | None = Field(None, max_length=320)
+    email: Email | None = None
     phone: str | None = Field(
         None, min_length=1, max_length=32, description="International format, e.g. +14155550100"
     )
@@ -29,13 +43,47 @@ class CreateContact(RequestBody):
     last_name: str | None = Field(None, max_length=255)
     unsubscribed: bool = False
     sms_consent_status: ConsentStatus = "unknown"
-    sms_consent_source: str = Field("api", min_length=1, max_length=50)
-    properties: dict[str, Any] = Field(default_factory=dict)
+    sms_consent_source: str = Field("api", min_length=1, max_length=50, description=SOURCE)
+    properties: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Values of the team's contact properties (POST /contact-properties)",
+    )
 
     @model_validator(mode="after")
     def reachable(self) -> Self:
         if self.email is None and self.phone is None:
             raise ValueError("a contact needs an email or a phone")
+        return self
+
+
+# PATCH fields that may not be set to null.
+NOT_NULLABLE = ("unsubscribed", "sms_consent_status", "sms_consent_source", "properties")
+
+
+class UpdateContact(RequestBody):
+    """Only the fields given change; ``null`` clears email, phone and names.
+    ``properties`` are merged key by key, a null value removing its key."""
+
+    email: Email | None = None
+    phone: str | None = Field(None, min_length=1, max_length=32)
+    first_name: str | None = Field(None, max_length=255)
+    last_name: str | None = Field(None, max_length=255)
+    unsubscribed: bool | None = None
+    sms_consent_status: ConsentStatus | None = None
+    sms_consent_source: str | None = Field(
+        None, min_length=1, max_length=50, description=SOURCE + " (default api)"
+    )
+    properties: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def meaningful(self) -> Self:
+        if not self.model_fields_set:
+            raise ValueError("give at least one field to change")
+        for name in NOT_NULLABLE:
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name}: must not be null")
+        if "sms_consent_source" in self.model_fields_set and self.sms_consent_status is None:
+            raise ValueError("sms_consent_source: is only accepted with sms_consent_status")
         return self
 
 
@@ -52,8 +100,10 @@ class ContactOut(BaseModel):
     normalized_phone: str | None = Field(description="E.164")
     phone_country: str | None = Field(description="ISO 3166-1 alpha-2 region of the phone")
     sms_consent_status: ConsentStatus
-    sms_consent_updated_at: datetime | None
-    sms_consent_source: str | None
+    sms_consent_updated_at: datetime | None = Field(
+        description="When sms_consent_status last changed"
+    )
+    sms_consent_source: str | None = Field(description="Where that change came from")
     first_name: str | None
     last_name: str | None
     unsubscribed: bool
@@ -62,18 +112,58 @@ class ContactOut(BaseModel):
     updated_at: datetime
 
 
-def normalize_phone(phone: str) -> tuple[str, str | None]:
-    """E.164 form and region of an international phone number, or 400 naming ``phone``."""
+class ContactList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ContactOut]
+    has_more: bool
+
+
+class ContactQuery(ListQuery):
+    email: str | None = Field(None, min_length=1, description="Exact, case-insensitive")
+    segment_id: UUID | None = Field(None, description="Members of this segment only")
+    unsubscribed: bool | None = None
+    search: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="Case-insensitive partial match on email, first and last name",
+    )
+
+
+def contact_ref(raw: str) -> store.ContactRef:
+    """A contact id, or an email address (matched case-insensitively)."""
     try:
-        number = phonenumbers.parse(phone, None)
-    except phonenumbers.NumberParseException:
-        raise bad_request(
-            f"phone: {phone!r} is not a phone number in international format (+country code)"
-        ) from None
-    if not phonenumbers.is_valid_number(number):
-        raise bad_request(f"phone: {phone!r} is not a valid phone number")
-    e164 = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
-    return e164, phonenumbers.region_code_for_number(number)
+        return UUID(raw)
+    except ValueError:
+        pass
+    if "@" in raw and "\x00" not in raw and len(raw) <= 320:
+        return raw.strip()
+    raise bad_request(f"contact_id: {raw!r} is neither a contact id (UUID) nor an email address")
+
+
+def phone_fields(phone: str | None) -> tuple[str | None, str | None]:
+    """``normalized_phone`` and ``phone_country`` of ``phone``, or 400 naming it."""
+    if phone is None:
+        return None, None
+    try:
+        return normalize_phone(phone)
+    except FieldError as error:
+        raise bad_request(str(error)) from None
+
+
+async def checked_properties(
+    call: Call, values: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """Properties to set and keys to remove; 422 naming an unknown key or a wrong type."""
+    if not values:
+        return {}, []
+    known = await definitions.property_types(call.conn, call.team_id)
+    try:
+        return check_properties(values, known)
+    except FieldError as error:
+        raise unprocessable(str(error)) from None
+
+
+def out(contact: store.Contact) -> ContactOut:
+    return ContactOut.model_validate(contact)
 
 
 @routes.route(
@@ -81,7 +171,8 @@ def normalize_phone(phone: str) -> tuple[str, str | None]:
     body=CreateContact, response=ContactOut, status=201,
 )
 async def create_contact(call: Call, body: CreateContact) -> ContactOut:
-    normalized, country = normalize_phone(body.phone) if body.phone else (None, None)
+    normalized, country = phone_fields(body.phone)
+    properties, _ = await checked_properties(call, body.properties)
     new = store.NewContact(
         email=body.email,
         phone=body.phone,
@@ -92,21 +183,86 @@ async def create_contact(call: Call, body: CreateContact) -> ContactOut:
         first_name=body.first_name,
         last_name=body.last_name,
         unsubscribed=body.unsubscribed,
-        properties=body.properties,
+        properties=properties,
     )
     try:
         contact = await store.create_contact(call.conn, call.team_id, new)
     except Duplicate as duplicate:
         raise conflict(f"{duplicate.field}: {duplicate.message}") from None
-    return ContactOut.model_validate(contact)
+    return out(contact)
 
 
 @routes.route(
-    "GET", "/contacts/{contact_id}", summary="Retrieve a contact", permission="contacts:read",
-    response=ContactOut,
+    "GET", "/contacts", summary="List contacts", permission="contacts:read",
+    query=ContactQuery, response=ContactList,
 )
-async def get_contact(call: Call, contact_id: UUID) -> ContactOut:
-    contact = await store.get_contact(call.conn, call.team_id, contact_id)
+async def list_contacts(call: Call, query: ContactQuery) -> dict[str, Any]:
+    if query.segment_id is not None:
+        if await segment_store.get_segment(call.conn, call.team_id, query.segment_id) is None:
+            raise not_found("segment")
+    where = store.ContactFilter(
+        email=query.email,
+        segment_id=query.segment_id,
+        unsubscribed=query.unsubscribed,
+        search=query.search,
+    )
+    found = await store.list_contacts(call.conn, call.team_id, where, query.limit + 1, query.offset)
+    return page([out(contact) for contact in found], query.limit)
+
+
+@routes.route(
+    "GET", "/contacts/{contact_id}", summary="Retrieve a contact by id or email",
+    permission="contacts:read", response=ContactOut, path_types=CONTACT_REF,
+)
+async def get_contact(call: Call, contact_id: str) -> ContactOut:
+    contact = await store.get_contact(call.conn, call.team_id, contact_ref(contact_id))
     if contact is None:
         raise not_found("contact")
-    return ContactOut.model_validate(contact)
+    return out(contact)
+
+
+@routes.route(
+    "PATCH", "/contacts/{contact_id}", summary="Update a contact (by id or email)",
+    permission="contacts:write", body=UpdateContact, response=ContactOut,
+    path_types=CONTACT_REF,
+)
+async def update_contact(call: Call, contact_id: str, body: UpdateContact) -> ContactOut:
+    ref = contact_ref(contact_id)
+    given = body.model_fields_set
+    normalized, country = phone_fields(body.phone)
+    properties, removed = await checked_properties(call, body.properties or {})
+    changes = store.ContactChanges(
+        given=frozenset(given),
+        email=body.email,
+        phone=body.phone,
+        normalized_phone=normalized,
+        phone_country=country,
+        first_name=body.first_name,
+        last_name=body.last_name,
+        unsubscribed=body.unsubscribed,
+        sms_consent_status=body.sms_consent_status,
+        sms_consent_source=body.sms_consent_source or "api",
+        set_properties=properties,
+        remove_properties=removed,
+    )
+    try:
+        contact = await store.update_contact(call.conn, call.team_id, ref, changes)
+    except Duplicate as duplicate:
+        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    except store.Unreachable:
+        raise unprocessable(
+            "email, phone: a contact needs an email or a phone; this change would leave neither"
+        ) from None
+    if contact is None:
+        raise not_found("contact")
+    return out(contact)
+
+
+@routes.route(
+    "DELETE", "/contacts/{contact_id}", summary="Delete a contact (by id or email)",
+    permission="contacts:write", status=204, path_types=CONTACT_REF,
+)
+async def delete_contact(call: Call, contact_id: str) -> Answer:
+    if not await store.delete_contact(call.conn, call.team_id, contact_ref(contact_id)):
+        raise not_found("contact")
+    return Answer(204)

@@ -38,6 +38,9 @@ def conflict(message: str) -> ApiError:
     return ApiError(409, "CONFLICT", message)
 
 
+def unprocessable(message: str) -> ApiError:
+    return ApiError(422, "UNPROCESSABLE_ENTITY", message)
+
 
 def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
@@ -83,13 +86,14 @@ def describe_validation(error: ValidationError, where: str) -> str:
     """One line that names each offending field and why, e.g. ``email: ...``."""
     parts = []
     for detail in error.errors(include_url=False)[:5]:
-        location = ".".join(str(part) for part in detail["loc"]) or where
-        message = detail["msg"]
+        location = ".".join(str(part) for part in detail["loc"])
+        message = detail["msg"].removeprefix("Value error, ")
         if detail["type"] == "missing":
             message = "is required"
         elif detail["type"] == "extra_forbidden":
             message = "is not a known field"
-        parts.append(f"{location}: {message}")
+        # A check of the whole body names its fields in its message.
+        parts.append(f"{location}: {message}" if location else message)
     more = len(error.errors()) - len(parts)
     if more > 0:
         parts.append(f"and {more} more")

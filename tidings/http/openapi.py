@@ -139,6 +139,8 @@ def _operation(route: Route, refs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "required": route.body_required,
             "content": {"application/json": {"schema": refs[route.body.__name__]}},
         }
+    elif route.raw_body is not None:
+        operation["requestBody"] = {"required": True, "content": route.raw_body}
     return operation
 
 

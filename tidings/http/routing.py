@@ -24,6 +24,7 @@ from uuid import UUID
 import trio
 from pydantic import BaseModel, ValidationError
 from quart import Response, request
+from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from tidings.actors.idempotency import Proceed, Refuse, Replay
 from tidings.actors.mailbox import ActorError
@@ -42,6 +43,7 @@ from tidings.storage.tokens import Token
 
 if TYPE_CHECKING:
     from tidings.app import Service
+    from tidings.config import Config
 
 log = logging.getLogger("tidings.http")
 
@@ -87,6 +89,14 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RawBody:
+    """The body of a route that parses its own (``raw_body=`` in its declaration)."""
+
+    data: bytes
+    content_type: str
+
+
 Handler = Callable[..., Awaitable[Any]]
 
 
@@ -106,6 +116,13 @@ class Route:
     public: bool
     path_types: dict[str, type]
     body_required: bool = True
+    # The OpenAPI request body content of a route whose handler gets a RawBody.
+    raw_body: dict[str, Any] | None = None
+    # The route's own body size limit; None: TIDINGS_MAX_BODY_BYTES.
+    body_limit: Callable[[Config], int] | None = None
+
+    def max_body_bytes(self, config: Config) -> int:
+        return config.max_body_bytes if self.body_limit is None else self.body_limit(config)
 
     @property
     def rule(self) -> str:
@@ -139,6 +156,8 @@ class Routes:
         public: bool = False,
         path_types: dict[str, type] | None = None,
         body_required: bool = True,
+        raw_body: dict[str, Any] | None = None,
+        body_limit: Callable[[Config], int] | None = None,
     ) -> Callable[[Handler], Handler]:
         """Declare a route. ``path_types`` maps path parameters that are not UUIDs
         to ``str`` (handed over as they are); ``body_required=False`` lets a
@@ -160,6 +179,8 @@ class Routes:
                     public=public,
                     path_types=path_types or {},
                     body_required=body_required,
+                    raw_body=raw_body,
+                    body_limit=body_limit,
                 )
             )
             return handler
@@ -245,6 +266,27 @@ def parse_body(model: type[BaseModel], raw: bytes, required: bool = True) -> Bas
         if error.errors()[0]["type"] == "json_invalid":
             raise bad_request("request body is not valid JSON") from None
         raise bad_request(describe_validation(error, "body")) from None
+
+
+async def read_body(limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit``.
+
+    The application's own limit is the largest of any route's; this one is
+    the route's. A chunked body is counted as it arrives, not buffered whole.
+    """
+    request.max_content_length = limit  # the 413 answer names it
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestEntityTooLarge()
+    received = bytearray()
+    timeout = float("inf") if request.body_timeout is None else request.body_timeout
+    with trio.move_on_after(timeout) as waiting:
+        async for chunk in request.body:
+            received += chunk
+            if len(received) > limit:
+                raise RequestEntityTooLarge()
+    if waiting.cancelled_caught:
+        raise RequestTimeout()
+    return bytes(received)
 
 
 def idempotency_key() -> str | None:
@@ -344,10 +386,11 @@ def make_view(service: Service, route: Route) -> Callable[..., Awaitable[Respons
             kwargs["query"] = parse_query(route.query)
         raw_body = b""
         if route.method in MUTATING:
-            data = await request.get_data(cache=False, as_text=False)
-            raw_body = data if isinstance(data, bytes) else data.encode()
+            raw_body = await read_body(route.max_body_bytes(service.config))
         if route.body is not None:
             kwargs["body"] = parse_body(route.body, raw_body, route.body_required)
+        elif route.raw_body is not None:
+            kwargs["raw_body"] = RawBody(raw_body, request.mimetype)
         key = idempotency_key() if route.method in MUTATING else None
         if key is not None:
             return await run_idempotent(service, route, token, kwargs, key, raw_body)

@@ -1,0 +1,384 @@
+"""POST /contacts/import (JSON and CSV) and ``tidings contacts import``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import Credential, assert_error
+from tests.http.audience import create, define, make, ok
+from tidings import cli
+from tidings.config import Config
+
+CSV = {"Content-Type": "text/csv"}
+
+
+async def import_json(client: httpx.AsyncClient, body: Any, **params: Any) -> dict[str, Any]:
+    data: dict[str, Any] = ok(await client.post("/contacts/import", json=body, params=params))
+    return data
+
+
+async def import_csv(client: httpx.AsyncClient, text: str, **params: Any) -> dict[str, Any]:
+    response = await client.post("/contacts/import", content=text.encode(), headers=CSV,
+                                 params=params)
+    data: dict[str, Any] = ok(response)
+    return data
+
+
+def rejections(report: dict[str, Any]) -> dict[int, str]:
+    assert report["rejected_count"] == len(report["rejected"])
+    return {r["row"]: r["reason"] for r in report["rejected"]}
+
+
+async def test_json_import_creates_then_updates(client: httpx.AsyncClient) -> None:
+    await define(client, key="plan", type="string")
+    await define(client, key="seats", type="number")
+    first = await import_json(client, [
+        {"email": "Ada@Example.com", "first_name": "Ada", "phone": "+44 20 7946 0958",
+         "properties": {"plan": "pro"}, "sms_consent_status": "opted_in"},
+        {"email": "grace@example.com", "unsubscribed": True},
+    ])
+    assert first["object"] == "contact_import"
+    assert (first["rows"], first["created"], first["updated"], first["rejected"]) == (2, 2, 0, [])
+    assert first["segment_id"] is None and first["added_to_segment"] == 0
+
+    ada = ok(await client.get("/contacts/ada@example.com"))
+    assert (ada["email"], ada["first_name"], ada["normalized_phone"], ada["phone_country"]) == (
+        "Ada@example.com", "Ada", "+442079460958", "GB"
+    )
+    assert ada["properties"] == {"plan": "pro"}
+    assert (ada["sms_consent_status"], ada["sms_consent_source"]) == ("opted_in", "import")
+    assert ada["sms_consent_updated_at"] is not None
+    grace = ok(await client.get("/contacts/grace@example.com"))
+    assert grace["unsubscribed"] is True and grace["sms_consent_updated_at"] is None
+
+    second = await import_json(client, {"contacts": [
+        # Absent values stay; properties merge; "unknown" consent changes nothing.
+        {"email": "ADA@example.com", "last_name": "Lovelace", "properties": {"seats": 3},
+         "sms_consent_status": "unknown"},
+        {"email": "grace@example.com", "unsubscribed": False, "sms_consent_status": "opted_out",
+         "sms_consent_source": "paper form"},
+        {"email": "alan@example.com"},
+    ]})
+    assert (second["created"], second["updated"], second["rejected_count"]) == (1, 2, 0)
+    ada_again = ok(await client.get(f"/contacts/{ada['id']}"))
+    assert (ada_again["first_name"], ada_again["last_name"]) == ("Ada", "Lovelace")
+    assert ada_again["phone"] == ada["phone"]
+    assert ada_again["properties"] == {"plan": "pro", "seats": 3}
+    assert ada_again["sms_consent_status"] == "opted_in"
+    assert ada_again["sms_consent_updated_at"] == ada["sms_consent_updated_at"]
+    assert ada_again["updated_at"] > ada["updated_at"]
+    grace_again = ok(await client.get(f"/contacts/{grace['id']}"))
+    assert grace_again["unsubscribed"] is False
+    assert (grace_again["sms_consent_status"], grace_again["sms_consent_source"]) == (
+        "opted_out", "paper form"
+    )
+    assert len(ok(await client.get("/contacts"))["data"]) == 3
+
+
+async def test_rejected_rows_are_reported_and_the_rest_go_in(client: httpx.AsyncClient) -> None:
+    await define(client, key="seats", type="number")
+    await create(client, email="existing@example.com", first_name="Old")
+    report = await import_json(client, [
+        {"email": "ok1@example.com"},
+        {"email": "not-an-email"},
+        {"first_name": "No email"},
+        {"email": "ok2@example.com", "nickname": "x"},
+        {"email": "ok3@example.com", "phone": "12345"},
+        {"email": "ok4@example.com", "properties": {"color": "red"}},
+        {"email": "ok5@example.com", "properties": {"seats": "three"}},
+        {"email": "OK1@example.com"},
+        "ok6@example.com",
+        {"email": "ok7@example.com", "unsubscribed": "yes"},
+        {"email": "ok8@example.com", "first_name": "a\u0000b"},
+        {"email": "existing@example.com", "first_name": "New"},
+        {"email": "ok9@example.com", "sms_consent_status": "maybe"},
+    ])
+    assert (report["rows"], report["created"], report["updated"]) == (13, 1, 1)
+    reasons = rejections(report)
+    assert sorted(reasons) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13]
+    expected = {
+        2: "email: value is not a valid email address",
+        3: "email: is required",
+        4: "nickname: is not a known field",
+        5: "phone:",
+        6: "properties.color: no contact property",
+        7: "properties.seats: must be a number",
+        8: "email: repeats row 1",
+        9: "row: must be a JSON object",
+        10: "unsubscribed:",
+        11: "NUL",
+        13: "sms_consent_status:",
+    }
+    for row, start in expected.items():
+        assert start in reasons[row], (row, reasons[row])
+    by_row = {r["row"]: r["email"] for r in report["rejected"]}
+    assert by_row[2] == "not-an-email" and by_row[3] is None and by_row[8] == "OK1@example.com"
+    assert ok(await client.get("/contacts/existing@example.com"))["first_name"] == "New"
+    assert_error(await client.get("/contacts/ok2@example.com"), 404, "NOT_FOUND")
+
+
+async def test_csv_import(client: httpx.AsyncClient) -> None:
+    await define(client, key="plan", type="string")
+    await define(client, key="seats", type="number")
+    await define(client, key="vip", type="boolean")
+    await define(client, key="renews", type="date")
+    await create(client, email="ada@example.com", first_name="Ada", last_name="Byron",
+                 properties={"plan": "free"})
+    text = (
+        "\ufeffEmail, First_Name ,last_name,phone,unsubscribed,plan,seats,vip,renews\n"
+        "ADA@example.com,,Lovelace,,,pro,3,yes,2027-01-31\n"
+        '"grace@example.com","Grace ""Amazing""","Hopper, USN",+1 415 555 0100,true,,,,\n'
+        "\n"
+        "alan@example.com,Alan,\"Turing\nof Bletchley\",,no,,1.5,0,\n"
+        "bad-row@example.com,too,few\n"
+        "x@example.com,,,,maybe,,,,\n"
+        "y@example.com,,,,,,ten,,\n"
+        "z@example.com,,,,,,,,2027-02-30\n"
+    )
+    report = await import_csv(client, text)
+    assert (report["rows"], report["created"], report["updated"]) == (7, 2, 1)
+    reasons = rejections(report)
+    assert sorted(reasons) == [4, 5, 6, 7]
+    assert "has 3 fields, the header has 9" in reasons[4]
+    assert reasons[5].startswith("unsubscribed: must be true or false")
+    assert reasons[6].startswith("properties.seats: must be a number")
+    assert reasons[7].startswith("properties.renews: must be a date")
+    assert report["rejected"][0]["email"] == "bad-row@example.com"
+
+    ada = ok(await client.get("/contacts/ada@example.com"))
+    assert (ada["first_name"], ada["last_name"]) == ("Ada", "Lovelace")  # empty cell: kept
+    assert ada["properties"] == {"plan": "pro", "seats": 3, "vip": True, "renews": "2027-01-31"}
+    grace = ok(await client.get("/contacts/grace@example.com"))
+    assert (grace["first_name"], grace["last_name"]) == ('Grace "Amazing"', "Hopper, USN")
+    assert grace["unsubscribed"] is True and grace["normalized_phone"] == "+14155550100"
+    alan = ok(await client.get("/contacts/alan@example.com"))
+    assert alan["last_name"] == "Turing\nof Bletchley"
+    assert alan["properties"] == {"seats": 1.5, "vip": False}
+
+
+async def test_bodies_refused_as_a_whole(client: httpx.AsyncClient) -> None:
+    csv_refusals = [
+        ("first_name\nAda\n", 400, "email column"),
+        ("email,email\na@example.com,b@example.com\n", 400, "twice"),
+        ("email,,first_name\n", 400, "no name"),
+        ("email,color,size\na@example.com,red,L\n", 422, "'color', 'size'"),
+        ("", 400, "empty"),
+        ("email\n\x00\n", 400, "NUL"),
+    ]
+    for text, status, needle in csv_refusals:
+        response = await client.post("/contacts/import", content=text.encode(), headers=CSV)
+        code = "BAD_REQUEST" if status == 400 else "UNPROCESSABLE_ENTITY"
+        assert needle in assert_error(response, status, code), text
+    refusals = [
+        (b"", "application/json", "required"),
+        (b"[{", "application/json", "not valid JSON"),
+        (b'{"email": "a@example.com"}', "application/json", "email"),
+        (b'{"contacts": [], "color": 1}', "application/json", "color"),
+        (b'{"contacts": [], "segment_id": "S1"}', "application/json", "segment_id"),
+        (b'"a@example.com"', "application/json", "JSON array"),
+        (b"email\na@example.com\n", "application/xml", "Content-Type"),
+        (b"email\n\xff\n", "text/csv", "UTF-8"),
+    ]
+    for content, content_type, needle in refusals:
+        response = await client.post(
+            "/contacts/import", content=content, headers={"Content-Type": content_type}
+        )
+        assert needle in assert_error(response, 400, "BAD_REQUEST"), content
+    assert ok(await client.get("/contacts"))["data"] == []
+
+
+async def test_import_into_a_segment(client: httpx.AsyncClient) -> None:
+    segment = await make(client, "/segments", name="Imported")
+    already = await create(client, email="ada@example.com")
+    ok(await client.post(f"/contacts/{already['id']}/segments/{segment['id']}"))
+
+    by_query = await import_csv(
+        client, "email\nada@example.com\ngrace@example.com\nbad\n", segment_id=segment["id"]
+    )
+    assert (by_query["created"], by_query["updated"], by_query["rejected_count"]) == (1, 1, 1)
+    assert by_query["segment_id"] == segment["id"] and by_query["added_to_segment"] == 1
+    by_field = await import_json(client, {"segment_id": segment["id"], "contacts": [
+        {"email": "alan@example.com"}, {"email": "grace@example.com"},
+    ]})
+    assert by_field["added_to_segment"] == 1
+    assert ok(await client.get(f"/segments/{segment['id']}"))["contact_count"] == 3
+    same = await import_json(client, {"segment_id": segment["id"], "contacts": []},
+                             segment_id=segment["id"])
+    assert (same["rows"], same["created"]) == (0, 0)
+
+    other = await make(client, "/segments", name="Other")
+    clash = await client.post("/contacts/import", params={"segment_id": other["id"]},
+                              json={"segment_id": segment["id"], "contacts": []})
+    assert "segment_id" in assert_error(clash, 400, "BAD_REQUEST")
+    for params, body in [
+        ({"segment_id": str(uuid.uuid4())}, [{"email": "new@example.com"}]),
+        ({}, {"segment_id": str(uuid.uuid4()), "contacts": [{"email": "new@example.com"}]}),
+    ]:
+        missing = await client.post("/contacts/import", params=params, json=body)
+        assert "segment" in assert_error(missing, 404, "NOT_FOUND")
+    # Nothing was imported by the refused requests.
+    assert_error(await client.get("/contacts/new@example.com"), 404, "NOT_FOUND")
+    bad = await client.post("/contacts/import", params={"segment_id": "x"}, json=[])
+    assert "segment_id" in assert_error(bad, 400, "BAD_REQUEST")
+
+
+async def test_an_import_replays_under_its_idempotency_key(client: httpx.AsyncClient) -> None:
+    body = [{"email": "ada@example.com"}, {"email": "grace@example.com"}]
+    headers = {"Idempotency-Key": "import-1"}
+    first = await client.post("/contacts/import", json=body, headers=headers)
+    again = await client.post("/contacts/import", json=body, headers=headers)
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    assert again.content == first.content and ok(first)["created"] == 2
+
+
+async def test_at_most_50000_rows(client: httpx.AsyncClient) -> None:
+    rows = [{"email": f"u{n}@example.com"} for n in range(50_001)]
+    message = assert_error(
+        await client.post("/contacts/import", json=rows), 413, "PAYLOAD_TOO_LARGE"
+    )
+    assert "50000" in message and "50001" in message
+    text = "email\n" + "".join(f"u{n}@example.com\n" for n in range(50_001))
+    response = await client.post("/contacts/import", content=text.encode(), headers=CSV)
+    assert "50001" in assert_error(response, 413, "PAYLOAD_TOO_LARGE")
+    assert ok(await client.get("/contacts"))["data"] == []
+
+
+@pytest.fixture
+def config_changes() -> dict[str, Any]:
+    """Settings a test changes; tests override it with ``parametrize``."""
+    return {}
+
+
+@pytest.fixture
+def config(config: Config, config_changes: dict[str, Any]) -> Config:
+    return config.with_(**config_changes)
+
+
+@pytest.mark.parametrize(
+    "config_changes", [{"max_body_bytes": 1024, "import_max_body_bytes": 4096}], ids=["small"]
+)
+async def test_the_import_has_its_own_body_limit(client: httpx.AsyncClient) -> None:
+    header = "email,first_name\n"
+    row = "someone@example.com,Someone\n"
+    within = (header + row * ((4096 - len(header)) // len(row))).encode()
+    assert 1024 < len(within) <= 4096
+    report = ok(await client.post("/contacts/import", content=within, headers=CSV))
+    assert report["rows"] == (len(within) - len(header)) // len(row)
+
+    over = within + row.encode() * 3
+    message = assert_error(
+        await client.post("/contacts/import", content=over, headers=CSV), 413, "PAYLOAD_TOO_LARGE"
+    )
+    assert "4096" in message
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(over), 500):
+            yield over[start : start + 500]
+
+    streamed = await client.post("/contacts/import", content=chunks(), headers=CSV)
+    assert "content-length" not in streamed.request.headers
+    assert_error(streamed, 413, "PAYLOAD_TOO_LARGE")
+    # Other routes keep the general limit.
+    padded = b'{"email": "pad@example.com"' + b" " * 2000 + b"}"
+    json_type = {"Content-Type": "application/json"}
+    message = assert_error(
+        await client.post("/contacts", content=padded, headers=json_type), 413, "PAYLOAD_TOO_LARGE"
+    )
+    assert "1024" in message
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+async def tidings(*args: str) -> Any:
+    return await trio.run_process(
+        [sys.executable, "-m", "tidings", *args],
+        capture_stdout=True, capture_stderr=True, check=False,
+        env={**os.environ, "TIDINGS_LOG_LEVEL": "WARNING"},
+    )
+
+
+async def test_cli_import_posts_the_file_in_batches(
+    client: httpx.AsyncClient, base_url: str, acme: Credential, tmp_path: Path
+) -> None:
+    await define(client, key="plan", type="string")
+    segment = await make(client, "/segments", name="From the CLI")
+    await create(client, email="ada@example.com", first_name="Ada")
+    path = tmp_path / "contacts.csv"
+    path.write_text(
+        "email,last_name,plan\n"
+        "ada@example.com,Lovelace,pro\n"
+        "grace@example.com,Hopper,\n"
+        "ada@EXAMPLE.com,Again,\n"
+        "not an email,,\n"
+        "alan@example.com,Turing,free\n"
+        "edsger@example.com,Dijkstra,pro\n"
+        "barbara@example.com,Liskov,team\n"
+        "grace@example.com,Hopper-Murray,\n"
+    )
+    done = await tidings(
+        "contacts", "import", str(path), "--team-token", acme.secret,
+        "--segment-id", segment["id"], "--url", base_url, "--batch-size", "3",
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    lines = done.stdout.decode().strip().splitlines()
+    assert len(lines) == 1
+    report = json.loads(lines[0])
+    assert report["requests"] == 3
+    assert (report["rows"], report["created"], report["updated"]) == (8, 4, 2)
+    assert report["rejected_count"] == 2
+    # Row numbers count from the top of the file, across batches.
+    assert [r["row"] for r in report["rejected"]] == [3, 4]
+    assert "repeats row 1" in report["rejected"][0]["reason"]
+    assert "email" in report["rejected"][1]["reason"]
+    # A repeat in a later batch is an update.
+    grace = ok(await client.get("/contacts/grace@example.com"))
+    assert grace["last_name"] == "Hopper-Murray"
+    assert ok(await client.get(f"/segments/{segment['id']}"))["contact_count"] == 5
+    ada = ok(await client.get("/contacts/ada@example.com"))
+    assert (ada["first_name"], ada["last_name"], ada["properties"]) == (
+        "Ada", "Lovelace", {"plan": "pro"}
+    )
+
+    as_json = tmp_path / "more.json"
+    as_json.write_text(json.dumps([{"email": "ken@example.com", "properties": {"plan": "pro"}}]))
+    done = await tidings("contacts", "import", str(as_json), "--team-token", acme.secret,
+                         "--url", base_url)
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout)["created"] == 1
+
+
+async def test_cli_import_failures(base_url: str, acme: Credential, tmp_path: Path) -> None:
+    path = tmp_path / "contacts.csv"
+    path.write_text("email\nada@example.com\n")
+    refused = await tidings("contacts", "import", str(path), "--team-token", "svc_team_nope",
+                            "--url", base_url)
+    assert refused.returncode == 1
+    assert "401 UNAUTHORIZED" in refused.stderr.decode()
+    missing_segment = await tidings("contacts", "import", str(path), "--team-token", acme.secret,
+                                    "--url", base_url, "--segment-id", str(uuid.uuid4()))
+    assert missing_segment.returncode == 1
+    assert "404 NOT_FOUND" in missing_segment.stderr.decode()
+    no_file = await tidings("contacts", "import", str(tmp_path / "none.csv"),
+                            "--team-token", acme.secret, "--url", base_url)
+    assert no_file.returncode == 1 and "cannot read" in no_file.stderr.decode()
+    assert refused.stdout == missing_segment.stdout == no_file.stdout == b""
+
+
+def test_cli_batch_size_is_checked(tmp_path: Path) -> None:
+    path = tmp_path / "contacts.csv"
+    path.write_text("email\nada@example.com\n")
+    for size in ("0", "50001"):
+        with pytest.raises(SystemExit, match="--batch-size must be 1 to 50000"):
+            cli.main(["contacts", "import", str(path), "--team-token", "svc_team_x",
+                      "--batch-size", size])

@@ -1,0 +1,134 @@
+"""Suppressions over HTTP: addresses the team must not send to.
+
+An address with an ``@`` is an email address, checked and stored in
+lowercase; anything else is a phone number in international form, stored
+in E.164. Each address is suppressed at most once per team.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, Field
+
+from tidings.http.contact_fields import FieldError, normalize_email, normalize_phone
+from tidings.http.envelope import bad_request, conflict, not_found
+from tidings.http.models import ListQuery, RequestBody
+from tidings.http.paging import page
+from tidings.http.routing import Answer, Call, Routes
+from tidings.storage import suppressions as store
+from tidings.storage.contacts import like_pattern
+from tidings.storage.errors import Duplicate
+from tidings.storage.suppressions import Kind, Reason
+
+routes = Routes("Suppressions")
+
+
+class CreateSuppression(RequestBody):
+    address: str = Field(
+        min_length=1, max_length=320,
+        description="An email address, or a phone number in international form (+country code)",
+    )
+    reason: Reason = "manual"
+    source_message_id: UUID | None = Field(None, description="The message that caused it")
+
+
+class SuppressionOut(BaseModel):
+    object: Literal["suppression"] = "suppression"
+    id: UUID
+    team_id: UUID
+    address: str = Field(description="Email in lowercase, or phone in E.164")
+    kind: Kind
+    reason: Reason
+    source_message_id: UUID | None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, found: store.Suppression) -> SuppressionOut:
+        return cls(
+            id=found.id,
+            team_id=found.team_id,
+            address=found.address,
+            kind=found.kind,
+            reason=found.reason,
+            source_message_id=found.source_message_id,
+            created_at=found.created_at,
+        )
+
+
+class SuppressionList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[SuppressionOut]
+    has_more: bool
+
+
+class SuppressionQuery(ListQuery):
+    reason: Reason | None = None
+    search: str | None = Field(
+        None, min_length=1, max_length=200, description="Case-insensitive partial match on address"
+    )
+
+
+def normalize_address(address: str) -> tuple[str, Kind]:
+    """The stored form of an address and its kind; 400 naming ``address``."""
+    if "@" in address:
+        try:
+            return normalize_email(address).lower(), "email"
+        except ValueError as error:
+            raise bad_request(f"address: {error}") from None
+    try:
+        e164, _ = normalize_phone(address.strip(), field="address")
+    except FieldError as error:
+        raise bad_request(f"{error}; an email address needs an @") from None
+    return e164, "phone"
+
+
+@routes.route(
+    "POST", "/suppressions", summary="Suppress an email address or phone number",
+    permission="contacts:write", body=CreateSuppression, response=SuppressionOut, status=201,
+)
+async def create_suppression(call: Call, body: CreateSuppression) -> SuppressionOut:
+    address, kind = normalize_address(body.address)
+    try:
+        created = await store.create_suppression(
+            call.conn, call.team_id, address, kind, body.reason, body.source_message_id
+        )
+    except Duplicate as duplicate:
+        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    return SuppressionOut.of(created)
+
+
+@routes.route(
+    "GET", "/suppressions", summary="List suppressions", permission="contacts:read",
+    query=SuppressionQuery, response=SuppressionList,
+)
+async def list_suppressions(call: Call, query: SuppressionQuery) -> dict[str, Any]:
+    search = None if query.search is None else like_pattern(query.search.strip())
+    found = await store.list_suppressions(
+        call.conn, call.team_id, query.reason, search, query.limit + 1, query.offset
+    )
+    return page([SuppressionOut.of(item) for item in found], query.limit)
+
+
+@routes.route(
+    "GET", "/suppressions/{suppression_id}", summary="Retrieve a suppression",
+    permission="contacts:read", response=SuppressionOut,
+)
+async def get_suppression(call: Call, suppression_id: UUID) -> SuppressionOut:
+    found = await store.get_suppression(call.conn, call.team_id, suppression_id)
+    if found is None:
+        raise not_found("suppression")
+    return SuppressionOut.of(found)
+
+
+@routes.route(
+    "DELETE", "/suppressions/{suppression_id}",
+    summary="Lift a suppression: the address may be sent to again",
+    permission="contacts:write", status=204,
+)
+async def delete_suppression(call: Call, suppression_id: UUID) -> Answer:
+    if not await store.delete_suppression(call.conn, call.team_id, suppression_id):
+        raise not_found("suppression")
+    return Answer(204)

@@ -1,0 +1,109 @@
+"""``tidings contacts import``: send a file of contacts to ``POST /contacts/import``.
+
+The command is a client of the HTTP API, so a file goes through exactly the
+checks an HTTP import does. A file longer than one request may carry is
+sent in several requests of ``batch_size`` rows, and their reports are
+added up, with rejected row numbers counted from the start of the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import httpx
+
+from tidings.http.contact_import import MAX_LISTED_REJECTIONS, MAX_ROWS
+
+__all__ = ["MAX_ROWS", "ImportFailed", "import_file"]
+
+# A request of 50,000 rows takes a few seconds; a slow server gets much longer.
+REQUEST_TIMEOUT_SECONDS = 600.0
+
+
+class ImportFailed(Exception):
+    """The file could not be read, or the service refused a request."""
+
+
+def _csv_batches(data: bytes, batch_size: int) -> Iterator[tuple[int, bytes]]:
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ImportFailed(f"the file is not UTF-8 (byte {error.start})") from None
+    try:
+        records = [record for record in csv.reader(io.StringIO(text, newline="")) if record]
+    except csv.Error as error:
+        raise ImportFailed(f"the file is not valid CSV: {error}") from None
+    if not records:
+        raise ImportFailed("the file is empty: it needs a header row")
+    header, rows = records[0], records[1:]
+    if len(rows) <= batch_size:
+        yield 0, data  # as it is: the service reads it the same way
+        return
+    for start in range(0, len(rows), batch_size):
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows[start : start + batch_size])
+        yield start, out.getvalue().encode()
+
+
+def _json_batches(data: bytes, batch_size: int) -> Iterator[tuple[int, bytes]]:
+    try:
+        rows = json.loads(data)
+    except ValueError as error:
+        raise ImportFailed(f"the file is not valid JSON: {error}") from None
+    if not isinstance(rows, list):
+        raise ImportFailed("a .json file must hold an array of contacts")
+    for start in range(0, max(len(rows), 1), batch_size):
+        yield start, json.dumps(rows[start : start + batch_size]).encode()
+
+
+def _refusal(response: httpx.Response) -> str:
+    try:
+        error = response.json()["error"]
+        return f"{response.status_code} {error['code']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"{response.status_code}: {response.text[:200]}"
+
+
+def import_file(
+    path: Path, url: str, token: str, segment_id: UUID | None, batch_size: int = MAX_ROWS
+) -> dict[str, Any]:
+    """Import ``path`` (CSV, or a JSON array if it ends in ``.json``); the summed report."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ImportFailed(f"cannot read {path}: {error.strerror or error}") from None
+    is_json = path.suffix.lower() == ".json"
+    batches = _json_batches(data, batch_size) if is_json else _csv_batches(data, batch_size)
+    content_type = "application/json" if is_json else "text/csv"
+    params = {} if segment_id is None else {"segment_id": str(segment_id)}
+    report: dict[str, Any] = {
+        "object": "contact_import", "file": str(path), "requests": 0, "rows": 0, "created": 0,
+        "updated": 0, "rejected_count": 0, "rejected": [],
+        "segment_id": None if segment_id is None else str(segment_id), "added_to_segment": 0,
+    }
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type}
+    with httpx.Client(base_url=url, headers=headers, timeout=REQUEST_TIMEOUT_SECONDS) as client:
+        for offset, body in batches:
+            try:
+                response = client.post("/contacts/import", content=body, params=params)
+            except httpx.HTTPError as error:
+                raise ImportFailed(f"cannot reach {url}: {error}") from None
+            if not response.is_success:
+                done = f" (rows 1 to {offset} were imported)" if offset else ""
+                raise ImportFailed(f"the service refused the import: {_refusal(response)}{done}")
+            result = response.json()["data"]
+            report["requests"] += 1
+            for name in ("rows", "created", "updated", "rejected_count", "added_to_segment"):
+                report[name] += result[name]
+            room = MAX_LISTED_REJECTIONS - len(report["rejected"])
+            for rejection in result["rejected"][: max(room, 0)]:
+                report["rejected"].append({**rejection, "row": rejection["row"] + offset})
+    return report

@@ -1,0 +1,118 @@
+"""Suppressed addresses: email addresses and phone numbers a team must not send to.
+
+Addresses are stored normalised, emails in lowercase and phone numbers in
+E.164, and are unique per team.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+import asyncpg
+
+from tidings.storage.errors import Duplicate
+
+Reason = Literal["hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out"]
+REASONS: tuple[str, ...] = ("hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out")
+Kind = Literal["email", "phone"]
+
+COLUMNS = "id, team_id, address, kind, reason, source_message_id, created_at"
+
+INSERT_SUPPRESSION = f"""
+INSERT INTO suppressions (team_id, address, kind, reason, source_message_id)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING {COLUMNS}
+"""
+
+SELECT_SUPPRESSION = f"SELECT {COLUMNS} FROM suppressions WHERE team_id = $1 AND id = $2"
+
+# $2 reason, $3 search (a LIKE pattern); NULL means no filter.
+SELECT_SUPPRESSIONS = f"""
+SELECT {COLUMNS} FROM suppressions
+WHERE team_id = $1
+  AND ($2::text IS NULL OR reason = $2)
+  AND ($3::text IS NULL OR address ILIKE $3)
+ORDER BY created_at DESC, id DESC
+LIMIT $4 OFFSET $5
+"""
+
+DELETE_SUPPRESSION = "DELETE FROM suppressions WHERE team_id = $1 AND id = $2 RETURNING id"
+
+SUPPRESSED = "SELECT address FROM suppressions WHERE team_id = $1 AND address = ANY($2::text[])"
+
+
+@dataclass(frozen=True)
+class Suppression:
+    id: UUID
+    team_id: UUID
+    address: str
+    kind: Kind
+    reason: Reason
+    source_message_id: UUID | None
+    created_at: datetime
+
+
+def lookup_key(address: str) -> str:
+    """How an address is compared: emails case-insensitively, phones as given (E.164)."""
+    address = address.strip()
+    return address.lower() if "@" in address else address
+
+
+async def create_suppression(
+    conn: Any,
+    team_id: UUID,
+    address: str,
+    kind: Kind,
+    reason: Reason,
+    source_message_id: UUID | None,
+) -> Suppression:
+    """Suppress a normalised address. Raises Duplicate if the team suppresses it already."""
+    try:
+        row = await conn.fetchrow(
+            INSERT_SUPPRESSION, team_id, address, kind, reason, source_message_id
+        )
+    except asyncpg.UniqueViolationError:
+        raise Duplicate("address", f"{address!r} is suppressed already") from None
+    return Suppression(**dict(row))
+
+
+async def get_suppression(conn: Any, team_id: UUID, suppression_id: UUID) -> Suppression | None:
+    row = await conn.fetchrow(SELECT_SUPPRESSION, team_id, suppression_id)
+    return None if row is None else Suppression(**dict(row))
+
+
+async def list_suppressions(
+    conn: Any,
+    team_id: UUID,
+    reason: str | None,
+    search: str | None,
+    limit: int,
+    offset: int,
+) -> list[Suppression]:
+    """Newest first; ``search`` is a LIKE pattern matched case-insensitively."""
+    rows = await conn.fetch(SELECT_SUPPRESSIONS, team_id, reason, search, limit, offset)
+    return [Suppression(**dict(row)) for row in rows]
+
+
+async def delete_suppression(conn: Any, team_id: UUID, suppression_id: UUID) -> bool:
+    return await conn.fetchval(DELETE_SUPPRESSION, team_id, suppression_id) is not None
+
+
+async def suppressed(conn: Any, team_id: UUID, addresses: Iterable[str]) -> set[str]:
+    """Those of ``addresses`` the team must not send to, as given: one query
+    for all of them.
+
+    Emails match case-insensitively; phone numbers must be in E.164 (as a
+    contact's ``normalized_phone`` is).
+    """
+    given: dict[str, list[str]] = {}
+    for address in addresses:
+        given.setdefault(lookup_key(address), []).append(address)
+    if not given:
+        return set()
+    rows = await conn.fetch(SUPPRESSED, team_id, list(given))
+    return {original for row in rows for original in given[row["address"]]}
