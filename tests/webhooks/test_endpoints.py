@@ -351,3 +351,13 @@ async def test_another_teams_ids_are_404_on_every_route(
     # Nothing of ours changed.
     still = (await client.get(f"/webhook-endpoints/{endpoint['id']}")).json()["data"]
     assert still["status"] == "enabled" and still["description"] is None
+
+
+async def test_only_catalogued_event_types_can_be_recorded(
+    service: Any, acme: Credential
+) -> None:
+    from tidings.storage.events import record_event
+
+    with pytest.raises(ValueError, match="catalogue"):
+        async with service.db.transaction() as conn:
+            await record_event(conn, acme.team_id, "message.teleported")

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from tidings.storage.webhooks import DUE_CHANNEL
-from tidings.webhooks.catalogue import ALL_EVENTS, TEST_EVENT
+from tidings.webhooks.catalogue import ALL_EVENTS, EVENT_TYPES, TEST_EVENT
 
 EVENT_COLUMNS = "id, team_id, type, channel, message_id, recipient, occurred_at, data, created_at"
 
@@ -79,8 +79,10 @@ async def record_event(
 
     Call it on the connection (and inside the transaction) of the state
     change that causes the event. ``only_endpoint`` is for ``webhook.test``,
-    which goes to that one endpoint alone.
+    which goes to that one endpoint alone. ``type`` must be in the catalogue.
     """
+    if type not in EVENT_TYPES:
+        raise ValueError(f"{type!r} is not an event type of the catalogue")
     row = await conn.fetchrow(
         RECORD_EVENT,
         team_id,
