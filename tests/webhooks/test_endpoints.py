@@ -10,6 +10,8 @@ import trio
 
 from tests.conftest import Credential, MakeToken, assert_error
 from tests.webhooks.conftest import Emit, MakeReceiver, create_endpoint, custom_service
+from tidings.app import Service
+from tidings.storage.events import record_event
 from tidings.webhooks.catalogue import EVENT_TYPES
 
 PUBLIC_URL = "https://93.184.215.14/hooks"  # an address literal: no DNS needed
@@ -277,10 +279,8 @@ async def test_events_are_listed_filtered_and_fetched(
 
 
 async def test_an_event_rolled_back_with_its_change_leaves_nothing(
-    client: httpx.AsyncClient, make_receiver: MakeReceiver, service: Any, acme: Credential
+    client: httpx.AsyncClient, make_receiver: MakeReceiver, service: Service, acme: Credential
 ) -> None:
-    from tidings.storage.events import record_event
-
     receiver = await make_receiver()
     endpoint = await create_endpoint(client, receiver.url)
 
@@ -354,10 +354,8 @@ async def test_another_teams_ids_are_404_on_every_route(
 
 
 async def test_only_catalogued_event_types_can_be_recorded(
-    service: Any, acme: Credential
+    service: Service, acme: Credential
 ) -> None:
-    from tidings.storage.events import record_event
-
     with pytest.raises(ValueError, match="catalogue"):
         async with service.db.transaction() as conn:
             await record_event(conn, acme.team_id, "message.teleported")
