@@ -233,6 +233,23 @@ async def test_limit_must_be_a_whole_number_from_1(
     assert "limit" in message
 
 
+@pytest.mark.parametrize(
+    "path", ["/contacts", "/segments", "/templates", "/webhook-endpoints", "/events"]
+)
+@pytest.mark.parametrize("offset", ["-1", "1000000001", "99999999999999999999", "1.5"])
+async def test_offset_out_of_range_is_400(
+    client: httpx.AsyncClient, path: str, offset: str
+) -> None:
+    message = assert_error(await client.get(f"{path}?offset={offset}"), 400, "BAD_REQUEST")
+    assert "offset" in message
+
+
+async def test_the_largest_offset_is_an_empty_page(client: httpx.AsyncClient) -> None:
+    response = await client.get("/contacts?offset=1000000000")
+    assert response.status_code == 200, response.text
+    assert response.json()["data"] == {"object": "list", "data": [], "has_more": False}
+
+
 async def test_contact_without_email_or_phone_is_400(client: httpx.AsyncClient) -> None:
     assert_error(await client.post("/contacts", json={"first_name": "Ada"}), 400, "BAD_REQUEST")
     assert_error(await client.post("/contacts", json={}), 400, "BAD_REQUEST")

@@ -9,6 +9,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 MAX_LIMIT = 100
+# Further than any list goes; larger numbers would overflow PostgreSQL's bigint.
+MAX_OFFSET = 1_000_000_000
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
@@ -23,12 +25,12 @@ QueryInt = Annotated[int, BeforeValidator(integer_text)]
 
 
 class Paging(BaseModel):
-    """``limit`` 1..100 (larger values are capped at 100), ``offset`` ≥ 0."""
+    """``limit`` 1..100 (larger values are capped at 100), ``offset`` 0..10⁹."""
 
     model_config = ConfigDict(extra="forbid")
 
     limit: QueryInt = Field(50, ge=1, description="1 to 100; larger values are capped at 100")
-    offset: QueryInt = Field(0, ge=0)
+    offset: QueryInt = Field(0, ge=0, le=MAX_OFFSET)
 
     @field_validator("limit", mode="after")
     @classmethod
