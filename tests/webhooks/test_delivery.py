@@ -139,6 +139,7 @@ async def test_the_response_body_is_kept_to_2_kib(
     )
 
 
+@pytest.mark.settings(webhook_retry_schedule=(0, 1.0, 0.5))
 async def test_failures_retry_on_the_schedule_then_the_delivery_fails(
     client: httpx.AsyncClient, make_receiver: MakeReceiver, emit: Emit
 ) -> None:
@@ -146,30 +147,30 @@ async def test_failures_retry_on_the_schedule_then_the_delivery_fails(
     endpoint = await create_endpoint(client, receiver.url)
     await emit()
     await receiver.wait_for(1)
-    # After the first failure: retrying, with the next attempt scheduled.
-    [delivery] = await delivery_of(client, endpoint["id"])
+    delivery: dict[str, Any] = {}
 
-    async def retrying() -> bool:
+    async def first_recorded() -> bool:
         [current] = await delivery_of(client, endpoint["id"])
         delivery.update(current)
         return bool(current["attempt_count"] >= 1)
 
-    await wait_until(retrying)
-    if delivery["attempt_count"] == 1:
-        assert delivery["status"] == "retrying"
-        assert delivery["next_attempt_at"] is not None
-        assert delivery["response_status"] == 500
+    await wait_until(first_recorded)
+    # After the first failure, a second attempt is due in about a second.
+    assert delivery["attempt_count"] == 1
+    assert delivery["status"] == "retrying"
+    assert delivery["next_attempt_at"] is not None
+    assert delivery["response_status"] == 500
 
     [delivery] = await settled(client, endpoint["id"])
     assert delivery["status"] == "failed"
-    assert delivery["attempt_count"] == 3  # the schedule 0, 0.3, 0.6 has three attempts
+    assert delivery["attempt_count"] == 3  # the schedule 0, 1, 0.5 has three attempts
     assert delivery["next_attempt_at"] is None
     assert delivery["response_body"] == "down for maintenance"
     assert len(receiver.requests) == 3
     gaps = [b.at - a.at for a, b in zip(receiver.requests, receiver.requests[1:], strict=False)]
     # Each wait is the scheduled one (plus up to 10% jitter), not sooner.
-    assert 0.3 <= gaps[0] < 0.3 * 1.1 + 0.5, gaps
-    assert 0.6 <= gaps[1] < 0.6 * 1.1 + 0.5, gaps
+    assert 1.0 <= gaps[0] < 1.0 * 1.1 + 0.5, gaps
+    assert 0.5 <= gaps[1] < 0.5 * 1.1 + 0.5, gaps
     attempts = (await get_delivery(client, delivery["id"]))["attempts"]
     assert [a["number"] for a in attempts] == [1, 2, 3]
     assert all(a["response_status"] == 500 for a in attempts)
@@ -486,3 +487,15 @@ async def test_attempts_are_counted_in_the_metrics(
     assert 'tidings_webhook_attempts_total{result="retrying"} 2.0' in text
     assert 'tidings_webhook_attempts_total{result="failed"} 1.0' in text
     assert 'tidings_webhook_attempts_total{result="succeeded"} 1.0' in text
+
+
+@pytest.mark.settings(webhook_retry_schedule=(0.8, 0.3))
+async def test_the_first_number_of_the_schedule_delays_the_first_attempt(
+    client: httpx.AsyncClient, make_receiver: MakeReceiver, emit: Emit
+) -> None:
+    receiver = await make_receiver()
+    await create_endpoint(client, receiver.url)
+    committed = trio.current_time()
+    await emit()
+    [request] = await receiver.wait_for(1)
+    assert 0.8 <= request.at - committed < 2.5

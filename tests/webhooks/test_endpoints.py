@@ -91,6 +91,10 @@ async def test_update_changes_only_what_is_given(client: httpx.AsyncClient) -> N
         ({"url": "https://exa mple.com/", "events": ["*"]}, "url"),
         ({"url": "https://example.com/" + "a" * 2029, "events": ["*"]}, "url"),
         ({"url": 42, "events": ["*"]}, "url"),
+        ({"url": "https://exämple.com/hook", "events": ["*"]}, "url"),
+        ({"url": "https://example.com/ä", "events": ["*"]}, "url"),
+        ({"url": "https://" + "a" * 64 + ".example.com/", "events": ["*"]}, "url"),
+        ({"url": "https://a..example.com/", "events": ["*"]}, "url"),
         ({"url": PUBLIC_URL, "events": []}, "events"),
         ({"url": PUBLIC_URL, "events": ["message.teleported"]}, "events"),
         ({"url": PUBLIC_URL, "events": "*"}, "events"),
@@ -134,6 +138,13 @@ async def test_repeated_event_types_are_kept_once(client: httpx.AsyncClient) -> 
         "http://0.0.0.0/hook",
         "http://224.0.0.1/hook",
         "http://100.64.0.1/hook",
+        "http://192.0.0.8/hook",
+        "http://[::7f00:1]/hook",
+        "http://[::ffff:0:7f00:1]/hook",
+        "http://[64:ff9b::a9fe:a9fe]/latest/meta-data",
+        "http://[2002:a9fe:a9fe::1]/hook",
+        "http://[fec0::1]/hook",
+        "http://[fd00::1]/hook",
     ],
 )
 @pytest.mark.settings(webhook_allow_private_urls=False)
@@ -236,6 +247,11 @@ async def test_delivery_list_filters_by_status(
             await trio.sleep(0.05)
     assert (await client.get(path, params={"status": "failed"})).json()["data"]["data"] == []
     assert_error(await client.get(path, params={"status": "lost"}), 400, "BAD_REQUEST")
+
+
+async def test_a_nul_in_a_filter_is_400(client: httpx.AsyncClient) -> None:
+    message = assert_error(await client.get("/events?type=%00"), 400, "BAD_REQUEST")
+    assert "type" in message
 
 
 async def test_event_types_are_the_catalogue(client: httpx.AsyncClient) -> None:

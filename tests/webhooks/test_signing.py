@@ -55,3 +55,10 @@ def test_tolerance_is_adjustable() -> None:
     assert verify(BODY, EXPECTED, [SECRET], tolerance=1000, now=TIMESTAMP + 900)
     with pytest.raises(WebhookVerificationError):
         verify(BODY, EXPECTED, [SECRET], tolerance=10, now=TIMESTAMP + 11)
+
+
+def test_one_secret_given_as_a_string_is_a_type_error() -> None:
+    # Each character would otherwise be tried as a secret: "w" would verify.
+    forged = signature_header(["w"], TIMESTAMP, BODY)
+    with pytest.raises(TypeError):
+        verify(BODY, forged, SECRET, now=TIMESTAMP)  # type: ignore[arg-type]

@@ -71,6 +71,8 @@ class Webhooks:
         self.owner = uuid4()
         # Long enough for an attempt to finish (the timeout) and be recorded.
         self.lease_seconds = 2 * config.webhook_timeout_seconds + 5
+        # The schedule's first number: the wait before a delivery's first attempt.
+        self.first_delay = config.webhook_retry_schedule[0]
         self.ssl_context = httpx.create_ssl_context()
         self.endpoints: Supervisor[UUID, Wake] | None = None
         self.dispatcher: Supervisor[str, None] | None = None
@@ -176,7 +178,12 @@ class EndpointActor(Actor[Wake]):
             free = self._limit - self._in_flight
             if free > 0:
                 claim = await runtime.db.run(
-                    store.claim_due, self._id, runtime.owner, free, runtime.lease_seconds
+                    store.claim_due,
+                    self._id,
+                    runtime.owner,
+                    free,
+                    runtime.lease_seconds,
+                    runtime.first_delay,
                 )
                 for claimed in claim.deliveries:
                     self._in_flight += 1
@@ -296,6 +303,9 @@ class EndpointActor(Actor[Wake]):
                 error = _text(f"connection failed: {failure or type(failure).__name__}")
             except httpcore.UnsupportedProtocol as failure:
                 error = _text(f"unsupported URL: {failure}")
+            except Exception as failure:  # recorded as a failed attempt, never a stuck delivery
+                log.exception("attempt of delivery %s failed unexpectedly", claimed.id)
+                error = _text(f"request failed: {type(failure).__name__}: {failure}")
         if scope.cancelled_caught and status is None:
             error = f"no response within {timeout:g} s"
         duration_ms = round((trio.current_time() - began) * 1000)
@@ -334,7 +344,8 @@ class Dispatcher(Actor[None]):
         runtime = self._runtime
         while True:
             self._poll_now = trio.Event()
-            for endpoint_id in await runtime.db.run(store.due_endpoints, POLL_BATCH):
+            due = await runtime.db.run(store.due_endpoints, POLL_BATCH, runtime.first_delay)
+            for endpoint_id in due:
                 runtime.wake(endpoint_id)
             with trio.move_on_after(runtime.config.webhook_poll_seconds):
                 await self._poll_now.wait()

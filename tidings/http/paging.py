@@ -37,6 +37,14 @@ class Paging(BaseModel):
     def cap(cls, value: int) -> int:
         return min(value, MAX_LIMIT)
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def no_nul(cls, value: Any) -> Any:
+        """PostgreSQL text cannot hold NUL: a filter with one is 400, not 500."""
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
+
 
 def page(items: Sequence[Any], limit: int) -> dict[str, Any]:
     """The list envelope from ``limit + 1`` fetched items."""

@@ -36,6 +36,11 @@ def new_secret() -> str:
 def check_url(url: str) -> str:
     if any(ch.isspace() for ch in url):
         raise ValueError("must not contain whitespace")
+    if not url.isascii():
+        raise ValueError(
+            "must be ASCII: write an international domain name in its xn-- form "
+            "and percent-encode other characters"
+        )
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises on a bad port)
@@ -45,6 +50,10 @@ def check_url(url: str) -> str:
         raise ValueError("must be an absolute https:// or http:// URL")
     if not parts.hostname:
         raise ValueError("must name a host")
+    try:
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        raise ValueError(f"{parts.hostname!r} is not a valid host name") from None
     if parts.username is not None or parts.password is not None:
         raise ValueError("must not carry credentials")
     return url

@@ -373,14 +373,25 @@ class Claim:
     next_due: datetime | None
 
 
-CLAIM_DUE = """
+
+def due_at(delay_parameter: str) -> str:
+    """When a delivery is due: its next attempt time, and for a first attempt
+    the first wait of the retry schedule after that (events record deliveries
+    at commit time, without knowing the schedule)."""
+    return (
+        "d.next_attempt_at + CASE WHEN d.attempt_count = 0 "
+        f"THEN {delay_parameter} * interval '1 second' ELSE interval '0' END"
+    )
+
+
+CLAIM_DUE = f"""
 WITH due AS (
     SELECT d.id FROM webhook_deliveries d
     JOIN webhook_endpoints endpoint ON endpoint.id = d.endpoint_id
     WHERE d.endpoint_id = $1
       AND endpoint.status = 'enabled'
       AND d.status IN ('pending', 'retrying')
-      AND d.next_attempt_at <= now()
+      AND {due_at("$5")} <= now()
       AND (d.leased_until IS NULL OR d.leased_until < now())
     ORDER BY d.next_attempt_at
     LIMIT $2
@@ -401,8 +412,8 @@ SELECT url, status, secret,
 FROM webhook_endpoints WHERE id = $1
 """
 
-NEXT_DUE = """
-SELECT min(d.next_attempt_at) FROM webhook_deliveries d
+NEXT_DUE = f"""
+SELECT min({due_at("$2")}) FROM webhook_deliveries d
 JOIN webhook_endpoints endpoint ON endpoint.id = d.endpoint_id
 WHERE d.endpoint_id = $1 AND endpoint.status = 'enabled'
   AND d.status IN ('pending', 'retrying')
@@ -426,7 +437,12 @@ def event_body(row: Any) -> bytes:
 
 
 async def claim_due(
-    conn: Any, endpoint_id: UUID, owner: UUID, limit: int, lease_seconds: float
+    conn: Any,
+    endpoint_id: UUID,
+    owner: UUID,
+    limit: int,
+    lease_seconds: float,
+    first_delay: float,
 ) -> Claim:
     """Lease up to ``limit`` due deliveries of an enabled endpoint.
 
@@ -439,7 +455,7 @@ async def claim_due(
     if target_row["previous_secret"] is not None:
         secrets.append(target_row["previous_secret"])
     target = Target(target_row["url"], tuple(secrets))
-    rows = await conn.fetch(CLAIM_DUE, endpoint_id, limit, lease_seconds, owner)
+    rows = await conn.fetch(CLAIM_DUE, endpoint_id, limit, lease_seconds, owner, first_delay)
     claimed = [
         Claimed(
             id=row["id"],
@@ -453,7 +469,7 @@ async def claim_due(
     ]
     next_due = None
     if len(claimed) < limit:
-        next_due = await conn.fetchval(NEXT_DUE, endpoint_id)
+        next_due = await conn.fetchval(NEXT_DUE, endpoint_id, first_delay)
     return Claim(target, claimed, next_due)
 
 
@@ -559,18 +575,19 @@ async def release(conn: Any, delivery_ids: Sequence[UUID], owner: UUID) -> None:
         list(delivery_ids),
         owner,
     )
-async def due_endpoints(conn: Any, limit: int) -> list[UUID]:
+async def due_endpoints(conn: Any, limit: int, first_delay: float) -> list[UUID]:
     """Enabled endpoints with a delivery due now that nobody holds."""
     rows = await conn.fetch(
-        """
+        f"""
         SELECT DISTINCT d.endpoint_id FROM webhook_deliveries d
         JOIN webhook_endpoints endpoint ON endpoint.id = d.endpoint_id
         WHERE d.status IN ('pending', 'retrying')
-          AND d.next_attempt_at <= now()
+          AND {due_at("$2")} <= now()
           AND (d.leased_until IS NULL OR d.leased_until < now())
           AND endpoint.status = 'enabled'
         LIMIT $1
         """,
         limit,
+        first_delay,
     )
     return [row["endpoint_id"] for row in rows]

@@ -42,10 +42,40 @@ async def system_resolve(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
+# IPv6 prefixes whose last 32 bits are an IPv4 address a gateway will reach:
+# IPv4-compatible (deprecated), SIIT-translated, NAT64 (well-known and local-use).
+_EMBEDDING_IPV4 = tuple(
+    ipaddress.IPv6Network(prefix)
+    for prefix in ("::/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48")
+)
+# Not global, whatever the Python version's tables say.
+_NOT_PUBLIC = tuple(
+    ipaddress.ip_network(prefix)
+    for prefix in ("192.0.0.0/24", "198.18.0.0/15", "100.64.0.0/10", "fec0::/10", "fc00::/7")
+)
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address stands for, if it is one of the forms that carry one."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if address.is_unspecified or address.is_loopback:
+        return None
+    if any(address in network for network in _EMBEDDING_IPV4):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def forbidden_kind(address: IPAddress) -> str | None:
     """Why webhooks may not reach ``address``, or None when they may."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = embedded_ipv4(address)
+        if inner is not None:
+            return forbidden_kind(inner)
     if address.is_loopback:
         return "loopback"
     if address.is_unspecified:
@@ -54,7 +84,7 @@ def forbidden_kind(address: IPAddress) -> str | None:
         return "link-local"
     if address.is_multicast:
         return "multicast"
-    if address.is_private:
+    if address.is_private or any(address in network for network in _NOT_PUBLIC):
         return "private"
     if not address.is_global:
         return "reserved"
@@ -98,7 +128,7 @@ class Guard:
         try:
             with trio.fail_after(RESOLVE_TIMEOUT_SECONDS):
                 found = await self._resolve(host, port)
-        except (OSError, trio.TooSlowError) as error:
+        except (OSError, UnicodeError, trio.TooSlowError) as error:
             raise UnresolvableTarget(f"{host} does not resolve ({error})") from None
         if not found:
             raise UnresolvableTarget(f"{host} does not resolve")

@@ -72,6 +72,9 @@ def verify(
     signature matches any secret, or when the timestamp is more than
     ``tolerance`` seconds away from now (a replayed request).
     """
+    if isinstance(secrets, str):
+        # Iterating a string would try each character as a secret.
+        raise TypeError("secrets must be a list of secret strings, not one string")
     if not secrets:
         raise WebhookVerificationError("no secret to verify with")
     timestamp, signatures = _parse(header)
