@@ -1,7 +1,8 @@
 """Templates over HTTP: immutable numbered versions, publishing, and render previews.
 
 Every ``{template}`` in a path is the template's id or its alias. A change
-(PATCH) never edits a version: it adds one based on the current draft.
+(PATCH), of the content or of the template's name, alias or category, never
+edits a version: it adds one based on the current draft.
 Decisions are written up in docs/templates.md.
 """
 
@@ -157,11 +158,6 @@ class UpdateTemplate(RequestBody):
             raise ValueError("nothing to change: send at least one field")
         return self
 
-
-# Fields of a PATCH that make a new version; the others change the template itself.
-VERSION_FIELDS = frozenset(
-    {"from_", "reply_to", "subject", "html", "text", "variables", "change_note"}
-)
 
 
 class PublishTemplate(RequestBody):
@@ -494,7 +490,7 @@ async def get_template(call: Call, template: str) -> TemplateDetail:
 
 @routes.route(
     "PATCH", "/templates/{template}",
-    summary="Change a template: content changes make a new draft version",
+    summary="Change a template: every change makes a new draft version",
     permission="templates:write", body=UpdateTemplate, response=TemplateDetail,
     path_types=TEMPLATE_PATH,
 )
@@ -508,17 +504,14 @@ async def update_template(call: Call, template: str, body: UpdateTemplate) -> Te
         name = body.name if "name" in given and body.name is not None else locked.name
         alias = body.alias if "alias" in given else locked.alias
         category = body.category if "category" in given else locked.category
+        base = (
+            await store.get_versions(call.conn, call.team_id, [locked.current_version_id])
+        )[locked.current_version_id]
+        content = merged_content(base, body)
         try:
-            if given & VERSION_FIELDS:
-                base = (
-                    await store.get_versions(call.conn, call.team_id, [locked.current_version_id])
-                )[locked.current_version_id]
-                content = merged_content(base, body)
-                updated = await store.add_version(
-                    call.conn, locked, base, name, alias, category, content, body.change_note
-                )
-            else:
-                updated = await store.update_template(call.conn, locked.id, name, alias, category)
+            updated = await store.add_version(
+                call.conn, locked, base, name, alias, category, content, body.change_note
+            )
         except Duplicate as duplicate:
             raise conflict(f"{duplicate.field}: {duplicate.message}") from None
         return await detail(call, updated)
