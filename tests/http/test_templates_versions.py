@@ -4,6 +4,7 @@ publish chooses the version sends use, and no route changes a stored version."""
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -240,7 +241,14 @@ async def test_publish_the_current_draft_then_an_earlier_version(
 
     again = (await client.post(f"/templates/{template['id']}/publish", json={})).json()["data"]
     assert (again["published_version_id"], again["published_version_number"]) == (v2, 2)
-    assert again["published_at"] >= data["published_at"]
+    assert again["published_version"]["id"] == v2
+    assert again["published_version"] == again["current_version"]
+    assert again["has_unpublished_changes"] is False
+    # published_at moves to this publish: after the first one, and after version 2 was made.
+    published_at = datetime.fromisoformat(again["published_at"])
+    assert published_at > datetime.fromisoformat(data["published_at"])
+    assert published_at > datetime.fromisoformat(updated["current_version"]["created_at"])
+    assert await fetch(client, "greeting") == again
 
     # Back to version 1 by naming it; publishing it twice keeps its published_at.
     back = await client.post("/templates/greeting/publish", json={"version_id": v1})
