@@ -10,7 +10,9 @@ import pytest
 
 from tidings.html_text import html_to_text
 from tidings.rendering import (
+    MAX_RENDERED_BYTES,
     RenderError,
+    RenderTooLarge,
     TemplateError,
     Variable,
     WrongType,
@@ -167,6 +169,68 @@ def test_a_version_without_text_gets_one_from_its_html_with_raw_values() -> None
     rendered = render(version, {"NAME": "A&B"})
     assert rendered.text == "Hello A&B,\n\nsee your order (https://x.example/A&B)"
     assert "A&amp;B" in rendered.html
+
+
+def test_entity_encoded_braces_are_text_not_placeholders() -> None:
+    # A browser shows {{{X}}} for this html: no placeholder, so no variable is needed.
+    literal = Version(html="<p>&#123;&#123;&#123;X}}} &lbrace;{{ Y }}}</p>")
+    rendered = render(literal, {})
+    assert rendered.html == "<p>&#123;&#123;&#123;X}}} &lbrace;{{ Y }}}</p>"
+    assert rendered.text == "{{{X}}} {{{ Y }}}"
+    # With X declared, only the real placeholder gets its value.
+    both = Version(
+        html='<p>&#123;&#123;&#123;X}}} is {{{X}}}</p><a href="https://x.example/{{{X}}}">go</a>',
+        variables=(Variable("X", "string"),),
+    )
+    rendered = render(both, {"X": "<v>"})
+    assert rendered.html == (
+        '<p>&#123;&#123;&#123;X}}} is &lt;v&gt;</p><a href="https://x.example/&lt;v&gt;">go</a>'
+    )
+    assert rendered.text == "{{{X}}} is <v>\n\ngo (https://x.example/<v>)"
+
+
+def test_private_use_characters_in_the_html_stay_text() -> None:
+    # The derived text marks placeholders with private-use characters; those
+    # the html holds itself, literally or as entities, are left alone.
+    version = Version(
+        html="\U000f0000 &#983041; &#xF0002; {{{A}}}{{{B}}}",
+        variables=(Variable("A", "string"), Variable("B", "string")),
+    )
+    rendered = render(version, {"A": "a", "B": "b"})
+    assert rendered.text == "\U000f0000 \U000f0001 \U000f0002 ab"
+
+
+def test_a_render_over_the_size_limit_is_refused_before_it_is_made() -> None:
+    version = Version(html="<p>{{{A}}}</p>" * 1000, variables=(Variable("A", "string"),))
+    with pytest.raises(RenderTooLarge) as raised:
+        render(version, {"A": "<" * 1100})  # "&lt;" in the html: 4.4 MB
+    assert isinstance(raised.value, RenderError)  # handled wherever RenderError is
+    # Subject, html (escaped values) and the derived text (raw values), in UTF-8 bytes.
+    assert raised.value.size == len("Hello") + 1000 * (7 + 4 * 1100) + 1000 * 1100 + 999 * 2
+    assert raised.value.limit == MAX_RENDERED_BYTES
+    assert f"over the limit of {MAX_RENDERED_BYTES} bytes (4 MiB)" in str(raised.value)
+    assert render(version, {"A": "<" * 100}).html.count("&lt;") == 100_000
+
+
+def test_the_size_limit_counts_every_part_in_utf8_bytes() -> None:
+    version = Version(
+        subject="{{{A}}}", html="h{{{A}}}", text="t", variables=(Variable("A", "string"),)
+    )
+    room = MAX_RENDERED_BYTES - len("h") - len("t")
+    # The subject and the html each hold the value once.
+    assert len(render(version, {"A": "a" * (room // 2)}).html) == room // 2 + 1
+    with pytest.raises(RenderTooLarge) as raised:
+        render(version, {"A": "a" * (room // 2 + 1)})
+    assert raised.value.size == MAX_RENDERED_BYTES + 2
+    # "é" is two bytes in UTF-8.
+    render(version, {"A": "é" * (room // 4)})
+    with pytest.raises(RenderTooLarge):
+        render(version, {"A": "é" * (room // 4 + 1)})
+    # Fallbacks count too.
+    huge = Variable("A", "string", "x" * MAX_RENDERED_BYTES)
+    fallback = Version(html="{{{A}}}", variables=(huge,))
+    with pytest.raises(RenderTooLarge):
+        render(fallback, {})
 
 
 def test_compiling_is_cached_by_content() -> None:

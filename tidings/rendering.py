@@ -12,7 +12,10 @@ substitutes each placeholder in the subject, the html and the text part:
 - values go into the html HTML-escaped and into the text part as they are;
   in the subject (a mail header) line breaks become spaces;
 - a version without a text part gets one derived from its html
-  (``tidings.html_text``), with the values substituted raw.
+  (``tidings.html_text``), with the values substituted raw;
+- a render whose subject, html and text together would exceed
+  ``MAX_RENDERED_BYTES`` raises ``RenderTooLarge`` (a ``RenderError``), found
+  from the values' lengths before anything is substituted.
 
 Every placeholder must name a declared variable: ``compile_template`` refuses
 others (``TemplateError``), and versions are checked with it before they are
@@ -40,6 +43,10 @@ Value = str | int | float | bool
 KEY_PATTERN = r"^[A-Za-z0-9_]+$"
 MAX_KEY_LENGTH = 100
 MAX_VARIABLES = 50
+# The most a render may produce: UTF-8 bytes of subject, html and text together.
+# Mail providers take messages of 10 to 30 MB in all; 4 MiB of content is generous
+# for an email and keeps one render's memory and time bounded.
+MAX_RENDERED_BYTES = 4 * 1024 * 1024
 
 _KEY = re.compile(KEY_PATTERN)
 # Anything in triple braces is a placeholder; its key must then be declared.
@@ -102,10 +109,15 @@ class RenderError(ValueError):
         missing: Sequence[str] = (),
         wrong: Sequence[WrongType] = (),
         unknown: Sequence[str] = (),
+        *,
+        message: str | None = None,
     ) -> None:
         self.missing = tuple(missing)
         self.wrong = tuple(wrong)
         self.unknown = tuple(unknown)
+        if message is not None:
+            super().__init__(message)
+            return
         parts = []
         if self.missing:
             parts.append(
@@ -116,6 +128,18 @@ class RenderError(ValueError):
         if self.unknown:
             parts.append("not declared by the template: " + ", ".join(self.unknown))
         super().__init__("variables: " + "; ".join(parts))
+
+
+class RenderTooLarge(RenderError):
+    """The values are valid but would make a message over ``limit`` bytes (``size``)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            message=f"variables: the rendered subject, html and text would be {size} bytes, "
+            f"over the limit of {limit} bytes ({limit // (1024 * 1024)} MiB) in all"
+        )
 
 
 # --- values -------------------------------------------------------------------
@@ -199,28 +223,82 @@ def placeholders(source: str) -> list[str]:
     return [match.group(1).strip() for match in _PLACEHOLDER.finditer(source)]
 
 
-def _compile_part(field: str, source: str, declared: frozenset[str]) -> tuple[str, bool]:
-    """``source`` as a ``%``-format string with ``%(key)s`` for each placeholder,
-    and whether it has any placeholder."""
+def utf8_length(text: str) -> int:
+    """How many bytes ``text`` takes in UTF-8 (lone surrogates count as three)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One part of a version as a ``%``-format string with ``%(key)s`` slots,
+    the UTF-8 size of its fixed text and how often each key fills a slot, so
+    that the size of a render is known before it is made."""
+
+    format: str
+    fixed_bytes: int
+    counts: dict[str, int]
+
+    @classmethod
+    def of(cls, pieces: list[str], keys: list[str]) -> _Part:
+        """A part from its fixed ``pieces`` and the ``keys`` of the slots between them."""
+        slots = [f"%({key})s" for key in keys]
+        format_ = "".join(
+            piece.replace("%", "%%") + slot
+            for piece, slot in zip(pieces, [*slots, ""], strict=True)
+        )
+        counts: dict[str, int] = {}
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+        return cls(format_, sum(utf8_length(piece) for piece in pieces), counts)
+
+    def slot_bytes(self, values: Mapping[str, str]) -> int:
+        """The UTF-8 size of what ``values`` put in the slots."""
+        return sum(count * utf8_length(values[key]) for key, count in self.counts.items())
+
+    def fill(self, values: Mapping[str, str]) -> str:
+        return self.format % values
+
+
+def _compile_part(field: str, source: str, declared: frozenset[str]) -> _Part:
+    """``source`` as a part whose placeholders are slots; TemplateError naming
+    ``field`` if one of them is not declared."""
     keys = placeholders(source)
     undeclared = [key for key in dict.fromkeys(keys) if key not in declared]
     if undeclared:
         shown = ", ".join("{{{" + key + "}}}" for key in undeclared)
         raise TemplateError(field, f"placeholders of undeclared variables: {shown}")
-    pieces = []
-    last = 0
-    for match in _PLACEHOLDER.finditer(source):
-        pieces.append(source[last : match.start()].replace("%", "%%"))
-        pieces.append(f"%({match.group(1).strip()})s")
-        last = match.end()
-    pieces.append(source[last:].replace("%", "%%"))
-    return "".join(pieces), bool(keys)
+    return _Part.of(_PLACEHOLDER.split(source)[::2], keys)
+
+
+# Placeholders of the html stand in the derived text as characters of the
+# supplementary private use area A, one per key, chosen among those that
+# neither the html nor its decoded entities hold.
+_SENTINELS = range(0xF0000, 0xFFFFE)
+_PRIVATE_USE = re.compile("[\U000f0000-\U000ffffd]")
+
+
+def _derived_text_part(html: str) -> _Part:
+    """The text part derived from ``html``, with a slot where the html has a
+    placeholder. Only placeholders of the html source are slots: braces that
+    entities such as ``&#123;`` write are text, as a browser shows them."""
+    keys = list(dict.fromkeys(placeholders(html)))
+    if not keys:
+        return _Part.of([html_to_text(html)], [])
+    taken = set(_PRIVATE_USE.findall(html)) | set(_PRIVATE_USE.findall(html_lib.unescape(html)))
+    free = (chr(code) for code in _SENTINELS if chr(code) not in taken)
+    sentinel_of = {key: next(free) for key in keys}
+    key_of = {sentinel: key for key, sentinel in sentinel_of.items()}
+    marked = _PLACEHOLDER.sub(lambda match: sentinel_of[match.group(1).strip()], html)
+    text = html_to_text(marked)
+    split = re.split("([" + "".join(key_of) + "])", text)
+    return _Part.of(split[::2], [key_of[sentinel] for sentinel in split[1::2]])
 
 
 class CompiledTemplate:
     """A version's parts as format strings, ready to render many times."""
 
-    __slots__ = ("variables", "text_source", "_subject", "_html", "_text", "_types", "_fallbacks")
+    __slots__ = ("variables", "_subject", "_html", "_text", "_fixed_bytes", "_types",
+                 "_fallbacks")
 
     def __init__(
         self, subject: str, html: str, text: str | None, variables: Sequence[Variable]
@@ -230,14 +308,23 @@ class CompiledTemplate:
         self.variables = tuple(variables)
         self._subject = _compile_part("subject", subject, declared)
         self._html = _compile_part("html", html, declared)
-        self.text_source = html_to_text(html) if text is None else text
-        self._text = _compile_part("html" if text is None else "text", self.text_source, declared)
+        self._text = (
+            _derived_text_part(html) if text is None else _compile_part("text", text, declared)
+        )
+        self._fixed_bytes = sum(
+            part.fixed_bytes for part in (self._subject, self._html, self._text)
+        )
         self._types = {v.key: v.type for v in variables}
         self._fallbacks = {
             v.key: format_value(v.fallback_value)
             for v in variables
             if v.fallback_value is not None
         }
+
+    @property
+    def chars(self) -> int:
+        """Characters held by the compiled parts (for the cache's budget)."""
+        return len(self._subject.format) + len(self._html.format) + len(self._text.format)
 
     def resolve(self, supplied: Mapping[str, object]) -> dict[str, str]:
         """Each declared key's text: the supplied value, else the fallback; or RenderError."""
@@ -259,23 +346,30 @@ class CompiledTemplate:
         return values
 
     def render(self, supplied: Mapping[str, object]) -> Rendered:
+        """The version with ``supplied`` values. Raises RenderError, and
+        RenderTooLarge before any substitution if the result would be too large."""
         values = self.resolve(supplied)
-        fmt, used = self._subject
-        subject = fmt % _one_line(values) if used else fmt % ()
-        fmt, used = self._html
-        html = fmt % {k: html_lib.escape(v) for k, v in values.items()} if used else fmt % ()
-        fmt, used = self._text
-        text = fmt % values if used else fmt % ()
-        return Rendered(subject=subject, html=html, text=text)
+        subject_values = {key: _one_line(values[key]) for key in self._subject.counts}
+        html_values = {key: html_lib.escape(values[key]) for key in self._html.counts}
+        size = (
+            self._fixed_bytes
+            + self._subject.slot_bytes(subject_values)
+            + self._html.slot_bytes(html_values)
+            + self._text.slot_bytes(values)
+        )
+        if size > MAX_RENDERED_BYTES:
+            raise RenderTooLarge(size, MAX_RENDERED_BYTES)
+        return Rendered(
+            subject=self._subject.fill(subject_values),
+            html=self._html.fill(html_values),
+            text=self._text.fill(values),
+        )
 
 
-def _one_line(values: dict[str, str]) -> dict[str, str]:
-    return {
-        key: value.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
-        if "\n" in value or "\r" in value
-        else value
-        for key, value in values.items()
-    }
+def _one_line(value: str) -> str:
+    if "\n" in value or "\r" in value:
+        return value.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return value
 
 
 CacheKey = tuple[str, str, str | None, tuple[Variable, ...]]
@@ -300,8 +394,8 @@ class _CompiledCache:
                 return found[0]
         subject, html, text, variables = key
         compiled = CompiledTemplate(subject, html, text, variables)
-        # The key's strings, the format strings made of them, the text part.
-        size = 2 * (len(subject) + len(html)) + 3 * len(compiled.text_source) + 1000
+        # The key's strings and the format strings made of them.
+        size = len(subject) + len(html) + len(text or "") + compiled.chars + 1000
         if size > self.max_chars:
             return compiled
         with self._lock:

@@ -158,6 +158,8 @@ async def test_from_is_an_address_with_an_optional_display_name(
         "Acme <hi@acme.example>": ("hi@acme.example", "Acme"),
         '"Acme, Inc." <hi@acme.example>': ("hi@acme.example", "Acme, Inc."),
         "Ünïcode Näme <hi@acme.example>": ("hi@acme.example", "Ünïcode Näme"),
+        '"Acme (EU)" <hi@acme.example>': ("hi@acme.example", "Acme (EU)"),
+        '"Acme \\"(x)\\"" <hi@acme.example>': ("hi@acme.example", 'Acme "(x)"'),
     }
     for value, (email, name) in accepted.items():
         template_id = await created_id(client, **{"from": value})
@@ -173,6 +175,11 @@ async def test_from_is_an_address_with_an_optional_display_name(
         "hi@acme.example <other@evil.example>",
         "Acme\r\nBcc: x@evil.example <hi@acme.example>",
         "",
+        # RFC 5322 comments: the parser would drop them without a word.
+        "hi@acme.example (Acme)",
+        "Acme (the shop) <hi@acme.example>",
+        "Acme <hi@acme.example> (x)",
+        "Acme <hi(x)@acme.example>",
         # Inputs on which the standard library's parser fails internally.
         "Acme@[ ",
         ':Zr@.J8,>;{7;^><',
@@ -181,6 +188,30 @@ async def test_from_is_an_address_with_an_optional_display_name(
     for value in refused:
         message = assert_error(await create(client, **{"from": value}), 400, "BAD_REQUEST")
         assert "from" in message, (value, message)
+
+
+async def test_a_comment_in_from_is_refused_naming_it(client: httpx.AsyncClient) -> None:
+    response = await create(client, **{"from": "hi@acme.example (Acme)"})
+    message = assert_error(response, 400, "BAD_REQUEST")
+    assert "from" in message and "comments in parentheses are not allowed" in message
+
+
+async def test_reply_to_is_one_address_without_a_display_name(
+    client: httpx.AsyncClient,
+) -> None:
+    template_id = await created_id(client, reply_to="Help@Acme.Example")
+    version = (await client.get(f"/templates/{template_id}")).json()["data"]["current_version"]
+    assert version["reply_to_email"] == "Help@acme.example"
+    # Only the address would be kept: a display name would be lost without a word.
+    for value in ("Acme <help@acme.example>", '"Acme" <help@acme.example>',
+                  "help@acme.example (Acme)", "a@acme.example, b@acme.example", "help@", ""):
+        message = assert_error(await create(client, reply_to=value), 400, "BAD_REQUEST")
+        assert "reply_to" in message and "display name" in message, (value, message)
+        response = await client.patch(f"/templates/{template_id}", json={"reply_to": value})
+        assert "reply_to" in assert_error(response, 400, "BAD_REQUEST"), value
+    assert (await client.get(f"/templates/{template_id}")).json()["data"][
+        "current_version_number"
+    ] == 1
 
 
 async def test_from_is_at_most_255_characters_display_name_included(

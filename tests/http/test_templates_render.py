@@ -152,3 +152,34 @@ async def test_a_given_text_part_is_used_instead_of_a_derived_one(
     await make(client, text="Order {{{ORDER}}} <raw> & {{{NAME}}}")
     response = await render(client, "shipped", {"ORDER": "<9>", "ITEMS": 1})
     assert response.json()["data"]["text"] == "Order <9> <raw> & there"
+
+
+async def test_a_render_over_the_size_limit_is_422_naming_the_limit(
+    client: httpx.AsyncClient,
+) -> None:
+    await make(
+        client, alias="big", subject="s", html="<p>{{{A}}}</p>" * 1000,
+        variables=[{"key": "A", "type": "string"}],
+    )
+    # Each "<" is "&lt;" in the html: 4.4 MB of html from a 1 KB value.
+    response = await render(client, "big", {"A": "<" * 1100})
+    message = assert_error(response, 422, "UNPROCESSABLE_ENTITY")
+    assert "over the limit of 4194304 bytes (4 MiB)" in message
+    response = await render(client, "big", {"A": "<" * 10})
+    assert response.status_code == 200, response.text
+
+
+async def test_entity_encoded_braces_are_shown_not_filled(client: httpx.AsyncClient) -> None:
+    # The html shows "{{{X}}}" literally: it is no placeholder and needs no variable.
+    await make(client, alias="braces", subject="s", variables=[],
+               html="<p>Write &#123;&#123;&#123;X}}} in a template</p>")
+    response = await render(client, "braces")
+    assert response.status_code == 200, response.text
+    assert response.json()["data"]["text"] == "Write {{{X}}} in a template"
+    # With X declared, the derived text fills the real placeholder only, as the html does.
+    await make(client, alias="both", subject="s",
+               html="<p>&#123;&#123;&#123;X}}} is {{{X}}}</p>",
+               variables=[{"key": "X", "type": "string"}])
+    data = (await render(client, "both", {"X": "Ada"})).json()["data"]
+    assert data["html"] == "<p>&#123;&#123;&#123;X}}} is Ada</p>"
+    assert data["text"] == "{{{X}}} is Ada"

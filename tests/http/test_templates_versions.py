@@ -4,6 +4,7 @@ publish chooses the version sends use, and no route changes a stored version."""
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -100,17 +101,33 @@ async def test_patch_null_clears_optional_content_and_the_text_is_derived_again(
     assert rendered.json()["data"]["text"] == "Hello friend"
 
 
-async def test_patch_of_the_templates_own_fields_makes_no_version(
+async def test_patch_of_the_templates_own_fields_also_makes_a_version(
     client: httpx.AsyncClient,
 ) -> None:
     template = await make(client)
+    v1 = template["current_version"]
     updated = await patch(client, "greeting", name="Renamed", alias="hello", category=None)
     assert (updated["name"], updated["alias"], updated["category"]) == ("Renamed", "hello", None)
-    assert updated["current_version_id"] == template["current_version_id"]
-    assert updated["current_version_number"] == 1
     assert updated["updated_at"] > template["updated_at"]
+    # A new draft based on the current one, with the same content.
+    v2 = updated["current_version"]
+    assert updated["current_version_number"] == v2["version_number"] == 2
+    assert updated["current_version_id"] == v2["id"] != v1["id"]
+    assert v2["based_on_version_id"] == v1["id"]
+    assert v2["change_note"] is None
+    same = ("subject", "html", "text", "from_email", "from_name", "reply_to_email", "variables")
+    assert {k: v2[k] for k in same} == {k: v1[k] for k in same}
     assert_error(await client.get("/templates/greeting"), 404, "NOT_FOUND")
     assert (await fetch(client, "hello"))["id"] == template["id"]
+    # Each one does, with its change note.
+    v3 = (await patch(client, "hello", category="alert", change_note="recategorised"))[
+        "current_version"
+    ]
+    assert (v3["version_number"], v3["based_on_version_id"], v3["change_note"]) == (
+        3, v2["id"], "recategorised"
+    )
+    listed = (await client.get("/templates/hello/versions")).json()["data"]["data"]
+    assert [v["version_number"] for v in listed] == [3, 2, 1]
 
 
 async def test_patch_checks_what_it_is_given_and_the_version_it_makes(
@@ -224,7 +241,14 @@ async def test_publish_the_current_draft_then_an_earlier_version(
 
     again = (await client.post(f"/templates/{template['id']}/publish", json={})).json()["data"]
     assert (again["published_version_id"], again["published_version_number"]) == (v2, 2)
-    assert again["published_at"] >= data["published_at"]
+    assert again["published_version"]["id"] == v2
+    assert again["published_version"] == again["current_version"]
+    assert again["has_unpublished_changes"] is False
+    # published_at moves to this publish: after the first one, and after version 2 was made.
+    published_at = datetime.fromisoformat(again["published_at"])
+    assert published_at > datetime.fromisoformat(data["published_at"])
+    assert published_at > datetime.fromisoformat(updated["current_version"]["created_at"])
+    assert await fetch(client, "greeting") == again
 
     # Back to version 1 by naming it; publishing it twice keeps its published_at.
     back = await client.post("/templates/greeting/publish", json={"version_id": v1})
@@ -290,7 +314,7 @@ async def test_no_route_changes_a_stored_version(
     assert [row for row in before if row not in other_rows] == [
         row for row in after if row in before
     ]
-    assert len(after) == len(before) - 1 + 2  # two content changes, one deletion
+    assert len(after) == len(before) - 1 + 3  # three changes, one deletion
     assert (await client.get(f"/templates/{ref}/versions/{v1}")).content == v1_json
 
 

@@ -1,7 +1,8 @@
 """Templates over HTTP: immutable numbered versions, publishing, and render previews.
 
 Every ``{template}`` in a path is the template's id or its alias. A change
-(PATCH) never edits a version: it adds one based on the current draft.
+(PATCH), of the content or of the template's name, alias or category, never
+edits a version: it adds one based on the current draft.
 Decisions are written up in docs/templates.md.
 """
 
@@ -14,7 +15,7 @@ from typing import Any, Literal, Self
 from uuid import UUID
 
 from email_validator import EmailNotValidError, validate_email
-from pydantic import BaseModel, EmailStr, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tidings.http.envelope import ApiError, bad_request, conflict, not_found
 from tidings.http.models import RequestBody
@@ -74,6 +75,19 @@ def _alias_is_not_a_uuid(value: str | None) -> str | None:
     return value
 
 
+def _email_address(value: str | None) -> str | None:
+    """One bare email address (syntax only, no DNS), normalized; a display name or
+    a comment is refused, since only the address is kept."""
+    if value is None:
+        return value
+    try:
+        return validate_email(value, check_deliverability=False).normalized
+    except EmailNotValidError as error:
+        raise ValueError(
+            f"must be one email address, without a display name or comment: {error}"
+        ) from None
+
+
 def _one_line(value: str | None) -> str | None:
     if value is not None and ("\n" in value or "\r" in value):
         raise ValueError("must not contain line breaks")
@@ -91,7 +105,10 @@ class CreateTemplate(RequestBody):
         None, alias="from", max_length=MAX_FROM_LENGTH,
         description="An email address, optionally with a display name: 'Acme <hi@acme.com>'",
     )
-    reply_to: EmailStr | None = Field(None, max_length=320)
+    reply_to: str | None = Field(
+        None, max_length=320, json_schema_extra={"format": "email"},
+        description="One email address, without a display name: 'help@acme.com'",
+    )
     subject: str = Field(min_length=1, description="One line; may hold placeholders")
     html: str = Field(min_length=1, description="May hold placeholders: {{{key}}}")
     text: str | None = Field(
@@ -102,6 +119,7 @@ class CreateTemplate(RequestBody):
 
     check_alias = field_validator("alias")(_alias_is_not_a_uuid)
     check_subject = field_validator("subject")(_one_line)
+    check_reply_to = field_validator("reply_to")(_email_address)
 
 
 class UpdateTemplate(RequestBody):
@@ -114,7 +132,7 @@ class UpdateTemplate(RequestBody):
     )
     category: Category | None = None
     from_: str | None = Field(None, alias="from", max_length=MAX_FROM_LENGTH)
-    reply_to: EmailStr | None = Field(None, max_length=320)
+    reply_to: str | None = Field(None, max_length=320, json_schema_extra={"format": "email"})
     subject: str | None = Field(None, min_length=1)
     html: str | None = Field(None, min_length=1)
     text: str | None = Field(None, min_length=1)
@@ -125,6 +143,7 @@ class UpdateTemplate(RequestBody):
 
     check_alias = field_validator("alias")(_alias_is_not_a_uuid)
     check_subject = field_validator("subject")(_one_line)
+    check_reply_to = field_validator("reply_to")(_email_address)
 
     @field_validator("name", "subject", "html", "variables")
     @classmethod
@@ -139,11 +158,6 @@ class UpdateTemplate(RequestBody):
             raise ValueError("nothing to change: send at least one field")
         return self
 
-
-# Fields of a PATCH that make a new version; the others change the template itself.
-VERSION_FIELDS = frozenset(
-    {"from_", "reply_to", "subject", "html", "text", "variables", "change_note"}
-)
 
 
 class PublishTemplate(RequestBody):
@@ -330,6 +344,13 @@ def parse_from(value: str) -> tuple[str, str | None]:
     reason = "must be an email address, optionally with a display name: 'Name <address>'"
     if any(ord(c) < 32 or c == "\x7f" for c in value):
         raise bad_request(f"invalid body: from: {reason}; control characters are not allowed")
+    if has_comment(value):
+        # The parser would drop a comment silently, or it would have to be
+        # guessed whether "(Acme)" is meant as the name: a name goes first.
+        raise bad_request(
+            f"invalid body: from: {reason}; comments in parentheses are not allowed "
+            "(a display name goes before the address)"
+        )
     try:
         header = _HEADERS("From", value)
         groups = header.groups  # type: ignore[attr-defined]
@@ -348,6 +369,21 @@ def parse_from(value: str) -> tuple[str, str | None]:
     except EmailNotValidError as error:
         raise bad_request(f"invalid body: from: {error}") from None
     return checked.normalized, address.display_name or None
+
+
+def has_comment(value: str) -> bool:
+    """Whether ``value`` holds an RFC 5322 comment: a parenthesis outside a quoted string."""
+    quoted = escaped = False
+    for char in value:
+        if escaped:
+            escaped = False
+        elif quoted and char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char in "()" and not quoted:
+            return True
+    return False
 
 
 def build_content(
@@ -454,7 +490,7 @@ async def get_template(call: Call, template: str) -> TemplateDetail:
 
 @routes.route(
     "PATCH", "/templates/{template}",
-    summary="Change a template: content changes make a new draft version",
+    summary="Change a template: every change makes a new draft version",
     permission="templates:write", body=UpdateTemplate, response=TemplateDetail,
     path_types=TEMPLATE_PATH,
 )
@@ -468,17 +504,14 @@ async def update_template(call: Call, template: str, body: UpdateTemplate) -> Te
         name = body.name if "name" in given and body.name is not None else locked.name
         alias = body.alias if "alias" in given else locked.alias
         category = body.category if "category" in given else locked.category
+        base = (
+            await store.get_versions(call.conn, call.team_id, [locked.current_version_id])
+        )[locked.current_version_id]
+        content = merged_content(base, body)
         try:
-            if given & VERSION_FIELDS:
-                base = (
-                    await store.get_versions(call.conn, call.team_id, [locked.current_version_id])
-                )[locked.current_version_id]
-                content = merged_content(base, body)
-                updated = await store.add_version(
-                    call.conn, locked, base, name, alias, category, content, body.change_note
-                )
-            else:
-                updated = await store.update_template(call.conn, locked.id, name, alias, category)
+            updated = await store.add_version(
+                call.conn, locked, base, name, alias, category, content, body.change_note
+            )
         except Duplicate as duplicate:
             raise conflict(f"{duplicate.field}: {duplicate.message}") from None
         return await detail(call, updated)

@@ -77,15 +77,6 @@ ORDER BY t.created_at DESC, t.id DESC
 LIMIT $4 OFFSET $5
 """
 
-UPDATE_TEMPLATE = f"""
-WITH t AS (
-    UPDATE templates SET name = $2, alias = $3, category = $4, updated_at = now()
-    WHERE id = $1
-    RETURNING *
-)
-SELECT {TEMPLATE_COLUMNS} FROM t {TEMPLATE_JOINS}
-"""
-
 # A new version based on the current one, which it replaces as current.
 INSERT_VERSION = """
 WITH v AS (
@@ -326,17 +317,6 @@ async def list_templates(
     pattern = None if search is None else like_pattern(search)
     rows = await conn.fetch(SELECT_TEMPLATES, team_id, category, pattern, limit, offset)
     return [Template.from_row(row) for row in rows]
-
-
-async def update_template(
-    conn: Any, template_id: UUID, name: str, alias: str | None, category: str | None
-) -> Template:
-    """Change a template's own fields (not its content). Raises Duplicate for a taken alias."""
-    try:
-        row = await conn.fetchrow(UPDATE_TEMPLATE, template_id, name, alias, category)
-    except asyncpg.UniqueViolationError:
-        raise _duplicate_alias(alias) from None
-    return Template.from_row(row)
 
 
 async def add_version(
