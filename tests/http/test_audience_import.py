@@ -232,6 +232,34 @@ async def test_import_into_a_segment(client: httpx.AsyncClient) -> None:
     assert "segment_id" in assert_error(bad, 400, "BAD_REQUEST")
 
 
+async def test_an_import_racing_deletions_is_200_or_404(client: httpx.AsyncClient) -> None:
+    """An import into a segment that is deleted meanwhile, of contacts deleted
+    meanwhile, answers 200 (it came first) or 404 naming the segment; never 500."""
+    statuses: list[int] = []
+
+    async def run_import(segment_id: str, rows: list[dict[str, Any]]) -> None:
+        response = await client.post(
+            "/contacts/import", params={"segment_id": segment_id}, json=rows
+        )
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            assert "segment" in assert_error(response, 404, "NOT_FOUND")
+
+    async def delete(path: str) -> None:
+        ok(await client.delete(path), 204)
+
+    for round_ in range(6):
+        segment = await make(client, "/segments", name=f"Doomed {round_}")
+        contacts = [await create(client, email=f"r{round_}.{n}@example.com") for n in range(3)]
+        rows = [{"email": c["email"]} for c in contacts] + [{"email": f"new{round_}@example.com"}]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_import, segment["id"], rows)
+            nursery.start_soon(delete, f"/contacts/{contacts[0]['id']}")
+            nursery.start_soon(run_import, segment["id"], rows[1:])
+            nursery.start_soon(delete, f"/segments/{segment['id']}")
+    assert set(statuses) <= {200, 404}
+
+
 async def test_an_import_replays_under_its_idempotency_key(client: httpx.AsyncClient) -> None:
     body = [{"email": "ada@example.com"}, {"email": "grace@example.com"}]
     headers = {"Idempotency-Key": "import-1"}

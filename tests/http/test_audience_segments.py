@@ -141,3 +141,38 @@ async def test_members_and_memberships_are_listed_latest_first(client: httpx.Asy
 
     assert_error(await client.get(f"/segments/{uuid.uuid4()}/contacts"), 404, "NOT_FOUND")
     assert_error(await client.get(f"/contacts/{uuid.uuid4()}/segments"), 404, "NOT_FOUND")
+
+
+async def test_adding_while_the_segment_or_contact_goes_is_404(
+    client: httpx.AsyncClient,
+) -> None:
+    """Additions that race a deletion of the segment or of the contact answer
+    200 (they came first) or 404 naming what is gone; never 500."""
+    statuses: list[int] = []
+
+    async def add(contact_id: str, segment_id: str, gone: str) -> None:
+        response = await client.post(f"/contacts/{contact_id}/segments/{segment_id}")
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            assert gone in assert_error(response, 404, "NOT_FOUND")
+
+    async def delete(path: str) -> None:
+        ok(await client.delete(path), 204)
+
+    for round_ in range(8):
+        segment = await make(client, "/segments", name=f"Doomed {round_}")
+        contacts = [await create(client, email=f"r{round_}.{n}@example.com") for n in range(4)]
+        async with trio.open_nursery() as nursery:
+            for contact in contacts:
+                nursery.start_soon(add, contact["id"], segment["id"], "segment")
+            nursery.start_soon(delete, f"/segments/{segment['id']}")
+
+        contact = await create(client, email=f"doomed{round_}@example.com")
+        segments = [await make(client, "/segments", name=f"S{n}") for n in range(4)]
+        async with trio.open_nursery() as nursery:
+            for segment in segments:
+                nursery.start_soon(add, contact["id"], segment["id"], "contact")
+            nursery.start_soon(delete, f"/contacts/{contact['id']}")
+        for segment in segments:
+            assert ok(await client.get(f"/segments/{segment['id']}"))["contact_count"] == 0
+    assert set(statuses) <= {200, 404}

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import httpx
+import trio
 
 from tests.conftest import MakeToken, assert_error
 from tests.http.audience import create, make, ok
@@ -139,6 +140,40 @@ async def test_contact_topic_refusals(client: httpx.AsyncClient) -> None:
     assert_error(await client.get(missing), 404, "NOT_FOUND")
     body = {"topics": [{"id": news["id"], "subscription": "opt_in"}]}
     assert_error(await client.patch(missing, json=body), 404, "NOT_FOUND")
+
+
+async def test_choices_racing_a_deletion_are_404_naming_what_is_gone(
+    client: httpx.AsyncClient,
+) -> None:
+    """Choices recorded while a topic or the contact is deleted answer 200 (they
+    came first) or 404 naming the topic or the contact; never 500."""
+    statuses: list[int] = []
+
+    async def choose(contact_id: str, topic_ids: list[str], gone: str) -> None:
+        body = {"topics": [{"id": t, "subscription": "opt_out"} for t in topic_ids]}
+        response = await client.patch(f"/contacts/{contact_id}/topics", json=body)
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            assert assert_error(response, 404, "NOT_FOUND") == f"{gone} not found"
+
+    async def delete(path: str) -> None:
+        ok(await client.delete(path), 204)
+
+    for round_ in range(8):
+        topics = [await topic(client, f"T{round_}.{n}", "opt_in") for n in range(3)]
+        ids = [t["id"] for t in topics]
+        contacts = [await create(client, email=f"r{round_}.{n}@example.com") for n in range(4)]
+        async with trio.open_nursery() as nursery:
+            for contact in contacts:
+                nursery.start_soon(choose, contact["id"], ids, f"topic {ids[0]}")
+            nursery.start_soon(delete, f"/topics/{ids[0]}")
+
+        doomed = await create(client, email=f"doomed{round_}@example.com")
+        async with trio.open_nursery() as nursery:
+            for topic_id in ids[1:] * 2:
+                nursery.start_soon(choose, doomed["id"], [topic_id], "contact")
+            nursery.start_soon(delete, f"/contacts/{doomed['id']}")
+    assert set(statuses) <= {200, 404}
 
 
 async def test_subscribed_contacts_is_one_question_for_many_contacts(

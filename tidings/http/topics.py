@@ -208,13 +208,14 @@ async def update_contact_topics(
 ) -> dict[str, Any]:
     choices = {choice.id: choice.subscription for choice in body.topics}
     async with call.conn.transaction():
-        if await contact_store.get_contact(call.conn, call.team_id, contact_id) is None:
+        # Locked, the contact and the topics cannot be deleted before the
+        # choices are in.
+        if await contact_store.lock_contact(call.conn, call.team_id, contact_id) is None:
             raise not_found("contact")
-        unknown = await store.unknown_topics(call.conn, call.team_id, list(choices))
+        unknown = await store.lock_topics(call.conn, call.team_id, list(choices))
         if unknown:
             raise not_found(f"topic {unknown[0]}")
-        if not await store.set_choices(call.conn, contact_id, choices):
-            raise not_found("contact or topic")
+        await store.set_choices(call.conn, contact_id, choices)
         found = await store.contact_topics(
             call.conn, call.team_id, contact_id, len(choices), 0, only=list(choices)
         )

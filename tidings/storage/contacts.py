@@ -104,6 +104,12 @@ WHERE team_id = $1 AND id = ({TARGET})
 RETURNING {CONTACT_COLUMNS}
 """
 
+# KEY SHARE: the contact cannot be deleted (nor its id change) before the
+# transaction ends, so that rows added for it keep their foreign key.
+LOCK_CONTACT = f"""
+SELECT id FROM contacts WHERE team_id = $1 AND id = ({TARGET}) FOR KEY SHARE
+"""
+
 DELETE_CONTACT = f"""
 DELETE FROM contacts WHERE team_id = $1 AND id = ({TARGET}) RETURNING id
 """
@@ -237,6 +243,13 @@ def _ref(ref: ContactRef) -> tuple[UUID | None, str | None]:
 async def get_contact(conn: Any, team_id: UUID, ref: ContactRef) -> Contact | None:
     row = await conn.fetchrow(SELECT_CONTACT, team_id, *_ref(ref))
     return None if row is None else Contact.from_row(row)
+
+
+async def lock_contact(conn: Any, team_id: UUID, ref: ContactRef) -> UUID | None:
+    """The id of the team's contact named by ``ref``, or None. In a transaction,
+    the contact then stays until it ends (rows can be added for it)."""
+    found: UUID | None = await conn.fetchval(LOCK_CONTACT, team_id, *_ref(ref))
+    return found
 
 
 @dataclass(frozen=True)
