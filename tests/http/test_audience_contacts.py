@@ -95,6 +95,21 @@ async def test_get_by_email_case_insensitively(client: httpx.AsyncClient) -> Non
     assert "contact_id" in message
 
 
+async def test_an_email_is_case_folded_as_the_database_does(client: httpx.AsyncClient) -> None:
+    """U+0130 (İ) lowercases differently in Python and in PostgreSQL; every
+    lookup folds case the way the unique index on the email does."""
+    contact = await create(client, email="İx@example.com")
+    for ref in ("İx@example.com", "İX@EXAMPLE.com", contact["id"]):
+        assert ok(await client.get(f"/contacts/{ref}")) == contact
+    assert await emails(client, email="İX@example.com") == ["İx@example.com"]
+    patched = ok(await client.patch("/contacts/İX@example.com", json={"first_name": "Ix"}))
+    assert patched["id"] == contact["id"]
+    taken = await client.post("/contacts", json={"email": "İX@Example.com"})
+    assert "email" in assert_error(taken, 409, "CONFLICT")
+    ok(await client.delete("/contacts/İX@example.com"), 204)
+    assert_error(await client.get(f"/contacts/{contact['id']}"), 404, "NOT_FOUND")
+
+
 # --- PATCH -----------------------------------------------------------------------------
 
 

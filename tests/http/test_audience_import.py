@@ -17,6 +17,7 @@ import trio
 from tests.conftest import Credential, assert_error
 from tests.http.audience import create, define, make, ok
 from tidings import cli
+from tidings.app import Service
 from tidings.config import Config
 
 CSV = {"Content-Type": "text/csv"}
@@ -125,6 +126,39 @@ async def test_rejected_rows_are_reported_and_the_rest_go_in(client: httpx.Async
     assert by_row[2] == "not-an-email" and by_row[3] is None and by_row[8] == "OK1@example.com"
     assert ok(await client.get("/contacts/existing@example.com"))["first_name"] == "New"
     assert_error(await client.get("/contacts/ok2@example.com"), 404, "NOT_FOUND")
+
+
+async def test_emails_are_matched_as_the_database_folds_case(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    """U+0130 (İ) lowercases differently in Python and in PostgreSQL: an import
+    counts, matches and refuses repeated emails the way the unique index on
+    the email folds case."""
+    single = await import_json(client, [{"email": "İx@example.com"}])
+    assert (single["created"], single["updated"], single["rejected_count"]) == (1, 0, 0)
+    contact = ok(await client.get("/contacts/İx@example.com"))
+    again = await import_json(client, [{"email": "İX@example.com", "first_name": "Ix"}])
+    assert (again["created"], again["updated"]) == (0, 1)
+    assert ok(await client.get(f"/contacts/{contact['id']}"))["first_name"] == "Ix"
+
+    # Pairs that Python and PostgreSQL may fold apart (depending on the
+    # database's locale): the second row is a repeat exactly when PostgreSQL
+    # takes them for the same address.
+    pairs = [("İa@example.com", "ia@example.com"), ("İb@example.com", "i\u0307b@example.com"),
+             ("İc@example.com", "İC@example.com")]
+    for first, second in pairs:
+        async with service.db.acquire() as conn:
+            same = await conn.fetchval("SELECT lower($1) = lower($2)", first, second)
+        report = await import_json(client, [{"email": first}, {"email": second}])
+        created = ok(await client.get(f"/contacts/{first}"))
+        if same:
+            assert (report["created"], report["updated"]) == (1, 0), (first, second)
+            assert "repeats row 1" in rejections(report)[2]
+            assert ok(await client.get(f"/contacts/{second}")) == created
+        else:
+            assert (report["created"], report["updated"]) == (2, 0), (first, second)
+            assert report["rejected_count"] == 0
+            assert ok(await client.get(f"/contacts/{second}"))["id"] != created["id"]
 
 
 async def test_csv_import(client: httpx.AsyncClient) -> None:
