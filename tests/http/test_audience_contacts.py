@@ -210,6 +210,21 @@ async def test_sms_consent_is_stamped_when_it_changes_and_only_then(
     assert created_in["sms_consent_updated_at"] == created_in["created_at"]
 
 
+async def test_create_refuses_a_consent_source_without_a_status(
+    client: httpx.AsyncClient,
+) -> None:
+    """As PATCH does: a source describes a change of status, and a contact
+    created with the status unknown has none."""
+    for body in (
+        {"phone": "+14155550123", "sms_consent_source": "keyword"},
+        {"phone": "+14155550123", "sms_consent_status": "unknown", "sms_consent_source": "form"},
+    ):
+        refused = await client.post("/contacts", json=body)
+        message = assert_error(refused, 400, "BAD_REQUEST")
+        assert "sms_consent_source" in message and "sms_consent_status" in message, message
+    assert ok(await client.get("/contacts"))["data"] == []
+
+
 async def test_properties_follow_the_definitions(client: httpx.AsyncClient) -> None:
     ok(await client.post("/contact-properties", json={"key": "plan", "type": "string"}), 201)
     ok(await client.post("/contact-properties", json={"key": "seats", "type": "number"}), 201)
