@@ -117,6 +117,34 @@ async def test_missing_contact_or_segment_is_404(client: httpx.AsyncClient) -> N
     assert ok(await client.get(f"/segments/{segment['id']}"))["contact_count"] == 0
 
 
+async def test_a_contact_is_named_by_id_or_email(client: httpx.AsyncClient) -> None:
+    segment = await make(client, "/segments", name="VIP")
+    contact = await create(client, email="Ada@Example.com")
+    added = ok(await client.post(f"/contacts/ada@EXAMPLE.com/segments/{segment['id']}"))
+    assert added["id"] == segment["id"]
+    # The same membership, whichever way the contact is named.
+    assert ok(await client.post(f"/contacts/{contact['id']}/segments/{segment['id']}")) == added
+    for ref in ("Ada@example.com", "ADA@example.com", contact["id"]):
+        assert ok(await client.get(f"/contacts/{ref}/segments"))["data"] == [added]
+    ok(await client.delete(f"/contacts/ADA@example.com/segments/{segment['id']}"), 204)
+    assert ok(await client.get("/contacts/ada@example.com/segments"))["data"] == []
+    assert ok(await client.get(f"/segments/{segment['id']}"))["contact_count"] == 0
+
+    for method, path in [
+        ("GET", "/contacts/nobody@example.com/segments"),
+        ("POST", f"/contacts/nobody@example.com/segments/{segment['id']}"),
+        ("DELETE", f"/contacts/nobody@example.com/segments/{segment['id']}"),
+    ]:
+        assert "contact" in assert_error(await client.request(method, path), 404, "NOT_FOUND")
+    for method, path in [
+        ("GET", "/contacts/ada-lovelace/segments"),
+        ("POST", f"/contacts/ada-lovelace/segments/{segment['id']}"),
+        ("DELETE", f"/contacts/ada-lovelace/segments/{segment['id']}"),
+    ]:
+        message = assert_error(await client.request(method, path), 400, "BAD_REQUEST")
+        assert "contact_id" in message, path
+
+
 async def test_members_and_memberships_are_listed_latest_first(client: httpx.AsyncClient) -> None:
     vip = await make(client, "/segments", name="VIP")
     trial = await make(client, "/segments", name="Trial")

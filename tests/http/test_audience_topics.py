@@ -112,6 +112,25 @@ async def test_a_contact_without_a_choice_has_the_default(client: httpx.AsyncCli
     assert by_name(ok(await client.get(path))) == {"News": ("opt_in", True)}
 
 
+async def test_a_contact_is_named_by_id_or_email(client: httpx.AsyncClient) -> None:
+    news = await topic(client, "News", "opt_in")
+    contact = await create(client, email="Ada@Example.com")
+    body = {"topics": [{"id": news["id"], "subscription": "opt_out"}]}
+    chosen = ok(await client.patch("/contacts/ADA@example.com/topics", json=body))
+    assert by_name(chosen) == {"News": ("opt_out", False)}
+    for ref in ("ada@example.com", "Ada@Example.com", contact["id"]):
+        assert ok(await client.get(f"/contacts/{ref}/topics")) == chosen
+
+    assert_error(await client.get("/contacts/nobody@example.com/topics"), 404, "NOT_FOUND")
+    missing = await client.patch("/contacts/nobody@example.com/topics", json=body)
+    assert assert_error(missing, 404, "NOT_FOUND") == "contact not found"
+    for response in (
+        await client.get("/contacts/ada-lovelace/topics"),
+        await client.patch("/contacts/ada-lovelace/topics", json=body),
+    ):
+        assert "contact_id" in assert_error(response, 400, "BAD_REQUEST")
+
+
 async def test_contact_topic_refusals(client: httpx.AsyncClient) -> None:
     news = await topic(client, "News", "opt_in")
     contact = await create(client, email="ada@example.com")

@@ -148,6 +148,15 @@ def contact_ref(raw: str) -> store.ContactRef:
     raise bad_request(f"contact_id: {raw!r} is neither a contact id (UUID) nor an email address")
 
 
+async def find_contact_id(call: Call, raw: str) -> UUID:
+    """The id of the team's contact named in a path by its id or email; 400
+    for a value that is neither, 404 for no such contact."""
+    found = await store.find_contact_id(call.conn, call.team_id, contact_ref(raw))
+    if found is None:
+        raise not_found("contact")
+    return found
+
+
 def phone_fields(phone: str | None) -> tuple[str | None, str | None]:
     """``normalized_phone`` and ``phone_country`` of ``phone``, or 400 naming it."""
     if phone is None:

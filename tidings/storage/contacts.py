@@ -251,6 +251,12 @@ async def get_contact(conn: Any, team_id: UUID, ref: ContactRef) -> Contact | No
     return None if row is None else Contact.from_row(row)
 
 
+async def find_contact_id(conn: Any, team_id: UUID, ref: ContactRef) -> UUID | None:
+    """The id of the team's contact named by ``ref``, or None."""
+    found: UUID | None = await conn.fetchval(TARGET, team_id, *_ref(ref))
+    return found
+
+
 async def lock_contact(conn: Any, team_id: UUID, ref: ContactRef) -> UUID | None:
     """The id of the team's contact named by ``ref``, or None. In a transaction,
     the contact then stays until it ends (rows can be added for it)."""
