@@ -17,6 +17,30 @@ async def emails(client: httpx.AsyncClient, **params: Any) -> list[str]:
     return [contact["email"] for contact in listed["data"]]
 
 
+# --- create -------------------------------------------------------------------------
+
+
+async def test_create_refusals_name_the_field(client: httpx.AsyncClient) -> None:
+    refusals = [
+        ({"email": "not-an-email"}, "email"),
+        ({"email": "ada@"}, "email"),
+        ({"email": "ada lovelace@example.com"}, "email"),
+        ({"email": "ada@example..com"}, "email"),
+        ({"phone": "+14155550123", "sms_consent_status": "maybe"}, "sms_consent_status"),
+        ({"phone": "+14155550123", "sms_consent_status": "OPTED_IN"}, "sms_consent_status"),
+        ({"email": "a@example.com", "first_name": "x" * 256}, "first_name"),
+        ({"email": "a@example.com", "last_name": "x" * 256}, "last_name"),
+    ]
+    for body, field in refusals:
+        message = assert_error(await client.post("/contacts", json=body), 400, "BAD_REQUEST")
+        assert f"{field}: " in message, (body, message)
+    assert ok(await client.get("/contacts"))["data"] == []
+
+    longest = await create(client, email="a@example.com", first_name="f" * 255,
+                           last_name="l" * 255)
+    assert (longest["first_name"], longest["last_name"]) == ("f" * 255, "l" * 255)
+
+
 # --- list ----------------------------------------------------------------------------
 
 
