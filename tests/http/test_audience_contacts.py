@@ -17,6 +17,30 @@ async def emails(client: httpx.AsyncClient, **params: Any) -> list[str]:
     return [contact["email"] for contact in listed["data"]]
 
 
+# --- create -------------------------------------------------------------------------
+
+
+async def test_create_refusals_name_the_field(client: httpx.AsyncClient) -> None:
+    refusals = [
+        ({"email": "not-an-email"}, "email"),
+        ({"email": "ada@"}, "email"),
+        ({"email": "ada lovelace@example.com"}, "email"),
+        ({"email": "ada@example..com"}, "email"),
+        ({"phone": "+14155550123", "sms_consent_status": "maybe"}, "sms_consent_status"),
+        ({"phone": "+14155550123", "sms_consent_status": "OPTED_IN"}, "sms_consent_status"),
+        ({"email": "a@example.com", "first_name": "x" * 256}, "first_name"),
+        ({"email": "a@example.com", "last_name": "x" * 256}, "last_name"),
+    ]
+    for body, field in refusals:
+        message = assert_error(await client.post("/contacts", json=body), 400, "BAD_REQUEST")
+        assert f"{field}: " in message, (body, message)
+    assert ok(await client.get("/contacts"))["data"] == []
+
+    longest = await create(client, email="a@example.com", first_name="f" * 255,
+                           last_name="l" * 255)
+    assert (longest["first_name"], longest["last_name"]) == ("f" * 255, "l" * 255)
+
+
 # --- list ----------------------------------------------------------------------------
 
 
@@ -93,6 +117,21 @@ async def test_get_by_email_case_insensitively(client: httpx.AsyncClient) -> Non
     assert_error(await client.get("/contacts/nobody@example.com"), 404, "NOT_FOUND")
     message = assert_error(await client.get("/contacts/ada-lovelace"), 400, "BAD_REQUEST")
     assert "contact_id" in message
+
+
+async def test_an_email_is_case_folded_as_the_database_does(client: httpx.AsyncClient) -> None:
+    """U+0130 (İ) lowercases differently in Python and in PostgreSQL; every
+    lookup folds case the way the unique index on the email does."""
+    contact = await create(client, email="İx@example.com")
+    for ref in ("İx@example.com", "İX@EXAMPLE.com", contact["id"]):
+        assert ok(await client.get(f"/contacts/{ref}")) == contact
+    assert await emails(client, email="İX@example.com") == ["İx@example.com"]
+    patched = ok(await client.patch("/contacts/İX@example.com", json={"first_name": "Ix"}))
+    assert patched["id"] == contact["id"]
+    taken = await client.post("/contacts", json={"email": "İX@Example.com"})
+    assert "email" in assert_error(taken, 409, "CONFLICT")
+    ok(await client.delete("/contacts/İX@example.com"), 204)
+    assert_error(await client.get(f"/contacts/{contact['id']}"), 404, "NOT_FOUND")
 
 
 # --- PATCH -----------------------------------------------------------------------------
@@ -193,6 +232,21 @@ async def test_sms_consent_is_stamped_when_it_changes_and_only_then(
                               sms_consent_source="form")
     assert created_in["sms_consent_source"] == "form"
     assert created_in["sms_consent_updated_at"] == created_in["created_at"]
+
+
+async def test_create_refuses_a_consent_source_without_a_status(
+    client: httpx.AsyncClient,
+) -> None:
+    """As PATCH does: a source describes a change of status, and a contact
+    created with the status unknown has none."""
+    for body in (
+        {"phone": "+14155550123", "sms_consent_source": "keyword"},
+        {"phone": "+14155550123", "sms_consent_status": "unknown", "sms_consent_source": "form"},
+    ):
+        refused = await client.post("/contacts", json=body)
+        message = assert_error(refused, 400, "BAD_REQUEST")
+        assert "sms_consent_source" in message and "sms_consent_status" in message, message
+    assert ok(await client.get("/contacts"))["data"] == []
 
 
 async def test_properties_follow_the_definitions(client: httpx.AsyncClient) -> None:

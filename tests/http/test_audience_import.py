@@ -17,6 +17,7 @@ import trio
 from tests.conftest import Credential, assert_error
 from tests.http.audience import create, define, make, ok
 from tidings import cli
+from tidings.app import Service
 from tidings.config import Config
 
 CSV = {"Content-Type": "text/csv"}
@@ -127,6 +128,39 @@ async def test_rejected_rows_are_reported_and_the_rest_go_in(client: httpx.Async
     assert_error(await client.get("/contacts/ok2@example.com"), 404, "NOT_FOUND")
 
 
+async def test_emails_are_matched_as_the_database_folds_case(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    """U+0130 (İ) lowercases differently in Python and in PostgreSQL: an import
+    counts, matches and refuses repeated emails the way the unique index on
+    the email folds case."""
+    single = await import_json(client, [{"email": "İx@example.com"}])
+    assert (single["created"], single["updated"], single["rejected_count"]) == (1, 0, 0)
+    contact = ok(await client.get("/contacts/İx@example.com"))
+    again = await import_json(client, [{"email": "İX@example.com", "first_name": "Ix"}])
+    assert (again["created"], again["updated"]) == (0, 1)
+    assert ok(await client.get(f"/contacts/{contact['id']}"))["first_name"] == "Ix"
+
+    # Pairs that Python and PostgreSQL may fold apart (depending on the
+    # database's locale): the second row is a repeat exactly when PostgreSQL
+    # takes them for the same address.
+    pairs = [("İa@example.com", "ia@example.com"), ("İb@example.com", "i\u0307b@example.com"),
+             ("İc@example.com", "İC@example.com")]
+    for first, second in pairs:
+        async with service.db.acquire() as conn:
+            same = await conn.fetchval("SELECT lower($1) = lower($2)", first, second)
+        report = await import_json(client, [{"email": first}, {"email": second}])
+        created = ok(await client.get(f"/contacts/{first}"))
+        if same:
+            assert (report["created"], report["updated"]) == (1, 0), (first, second)
+            assert "repeats row 1" in rejections(report)[2]
+            assert ok(await client.get(f"/contacts/{second}")) == created
+        else:
+            assert (report["created"], report["updated"]) == (2, 0), (first, second)
+            assert report["rejected_count"] == 0
+            assert ok(await client.get(f"/contacts/{second}"))["id"] != created["id"]
+
+
 async def test_csv_import(client: httpx.AsyncClient) -> None:
     await define(client, key="plan", type="string")
     await define(client, key="seats", type="number")
@@ -230,6 +264,34 @@ async def test_import_into_a_segment(client: httpx.AsyncClient) -> None:
     assert_error(await client.get("/contacts/new@example.com"), 404, "NOT_FOUND")
     bad = await client.post("/contacts/import", params={"segment_id": "x"}, json=[])
     assert "segment_id" in assert_error(bad, 400, "BAD_REQUEST")
+
+
+async def test_an_import_racing_deletions_is_200_or_404(client: httpx.AsyncClient) -> None:
+    """An import into a segment that is deleted meanwhile, of contacts deleted
+    meanwhile, answers 200 (it came first) or 404 naming the segment; never 500."""
+    statuses: list[int] = []
+
+    async def run_import(segment_id: str, rows: list[dict[str, Any]]) -> None:
+        response = await client.post(
+            "/contacts/import", params={"segment_id": segment_id}, json=rows
+        )
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            assert "segment" in assert_error(response, 404, "NOT_FOUND")
+
+    async def delete(path: str) -> None:
+        ok(await client.delete(path), 204)
+
+    for round_ in range(6):
+        segment = await make(client, "/segments", name=f"Doomed {round_}")
+        contacts = [await create(client, email=f"r{round_}.{n}@example.com") for n in range(3)]
+        rows = [{"email": c["email"]} for c in contacts] + [{"email": f"new{round_}@example.com"}]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_import, segment["id"], rows)
+            nursery.start_soon(delete, f"/contacts/{contacts[0]['id']}")
+            nursery.start_soon(run_import, segment["id"], rows[1:])
+            nursery.start_soon(delete, f"/segments/{segment['id']}")
+    assert set(statuses) <= {200, 404}
 
 
 async def test_an_import_replays_under_its_idempotency_key(client: httpx.AsyncClient) -> None:

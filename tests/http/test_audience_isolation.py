@@ -76,15 +76,23 @@ async def test_another_teams_ids_are_404_everywhere(
         ("DELETE", "/contacts/ada@acme.example", None, None),
         ("GET", "/contacts", None, {"segment_id": segment}),
         ("GET", f"/contacts/{contact}/segments", None, None),
+        ("GET", "/contacts/ada@acme.example/segments", None, None),
         ("POST", f"/contacts/{contact}/segments/{segment}", None, None),
         ("POST", f"/contacts/{own_contact}/segments/{segment}", None, None),
         ("POST", f"/contacts/{contact}/segments/{own_segment}", None, None),
+        ("POST", f"/contacts/ada@acme.example/segments/{own_segment}", None, None),
+        ("POST", f"/contacts/ada@globex.example/segments/{segment}", None, None),
         ("DELETE", f"/contacts/{contact}/segments/{segment}", None, None),
         ("DELETE", f"/contacts/{own_contact}/segments/{segment}", None, None),
         ("DELETE", f"/contacts/{contact}/segments/{own_segment}", None, None),
+        ("DELETE", f"/contacts/ada@acme.example/segments/{segment}", None, None),
+        ("DELETE", f"/contacts/ada@acme.example/segments/{own_segment}", None, None),
         ("GET", f"/contacts/{contact}/topics", None, None),
+        ("GET", "/contacts/ada@acme.example/topics", None, None),
         ("PATCH", f"/contacts/{contact}/topics", own_choice, None),
+        ("PATCH", "/contacts/ada@acme.example/topics", own_choice, None),
         ("PATCH", f"/contacts/{own_contact}/topics", choice, None),
+        ("PATCH", "/contacts/ada@globex.example/topics", choice, None),
         ("POST", "/contacts/import", [{"email": "x@globex.example"}], {"segment_id": segment}),
         ("POST", "/contacts/import", {"segment_id": segment, "contacts": []}, None),
         ("GET", f"/contact-properties/{prop}", None, None),
@@ -108,6 +116,7 @@ async def test_another_teams_ids_are_404_everywhere(
         assert "acme" not in response.text
         tried.add((method, path.replace(contact, "{contact_id}")
                    .replace(own_contact, "{contact_id}").replace("ada@acme.example", "{contact_id}")
+                   .replace("ada@globex.example", "{contact_id}")
                    .replace(segment, "{segment_id}").replace(own_segment, "{segment_id}")
                    .replace(topic, "{topic_id}").replace(prop, "{property_id}")
                    .replace(suppression, "{suppression_id}")))
@@ -132,3 +141,33 @@ async def test_another_teams_ids_are_404_everywhere(
         "/contacts", json={"email": "b@acme.example", "properties": {"seats": 1}}
     )
     assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+
+
+async def test_an_email_names_the_contact_of_the_callers_team(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, make_token: MakeToken
+) -> None:
+    """Both teams have a contact with the same email: each team's path names its own."""
+    acme = await world(client, "acme")
+    before = await snapshot(client, acme)
+    globex = (await make_token(team="globex")).headers
+    twin = ok(await http.post("/contacts", json={"email": "ADA@acme.example"}, headers=globex),
+              201)
+    segment = ok(await http.post("/segments", json={"name": "Twins"}, headers=globex), 201)
+    topic = ok(await http.post("/topics", json={"name": "T", "default_subscription": "opt_out"},
+                               headers=globex), 201)
+
+    added = await http.post(f"/contacts/ada@acme.example/segments/{segment['id']}",
+                            headers=globex)
+    assert ok(added)["id"] == segment["id"]
+    listed = ok(await http.get("/contacts/ada@acme.example/segments", headers=globex))
+    assert [m["id"] for m in listed["data"]] == [segment["id"]]
+    members = ok(await http.get(f"/segments/{segment['id']}/contacts", headers=globex))
+    assert [c["id"] for c in members["data"]] == [twin["id"]]
+    body = {"topics": [{"id": topic["id"], "subscription": "opt_in"}]}
+    chosen = ok(await http.patch("/contacts/ada@acme.example/topics", json=body, headers=globex))
+    assert [(t["id"], t["subscription"]) for t in chosen["data"]] == [(topic["id"], "opt_in")]
+    topics = ok(await http.get("/contacts/ada@acme.example/topics", headers=globex))
+    assert [t["id"] for t in topics["data"]] == [topic["id"]]
+    ok(await http.delete(f"/contacts/ada@acme.example/segments/{segment['id']}",
+                         headers=globex), 204)
+    assert await snapshot(client, acme) == before

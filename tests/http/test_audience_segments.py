@@ -117,6 +117,34 @@ async def test_missing_contact_or_segment_is_404(client: httpx.AsyncClient) -> N
     assert ok(await client.get(f"/segments/{segment['id']}"))["contact_count"] == 0
 
 
+async def test_a_contact_is_named_by_id_or_email(client: httpx.AsyncClient) -> None:
+    segment = await make(client, "/segments", name="VIP")
+    contact = await create(client, email="Ada@Example.com")
+    added = ok(await client.post(f"/contacts/ada@EXAMPLE.com/segments/{segment['id']}"))
+    assert added["id"] == segment["id"]
+    # The same membership, whichever way the contact is named.
+    assert ok(await client.post(f"/contacts/{contact['id']}/segments/{segment['id']}")) == added
+    for ref in ("Ada@example.com", "ADA@example.com", contact["id"]):
+        assert ok(await client.get(f"/contacts/{ref}/segments"))["data"] == [added]
+    ok(await client.delete(f"/contacts/ADA@example.com/segments/{segment['id']}"), 204)
+    assert ok(await client.get("/contacts/ada@example.com/segments"))["data"] == []
+    assert ok(await client.get(f"/segments/{segment['id']}"))["contact_count"] == 0
+
+    for method, path in [
+        ("GET", "/contacts/nobody@example.com/segments"),
+        ("POST", f"/contacts/nobody@example.com/segments/{segment['id']}"),
+        ("DELETE", f"/contacts/nobody@example.com/segments/{segment['id']}"),
+    ]:
+        assert "contact" in assert_error(await client.request(method, path), 404, "NOT_FOUND")
+    for method, path in [
+        ("GET", "/contacts/ada-lovelace/segments"),
+        ("POST", f"/contacts/ada-lovelace/segments/{segment['id']}"),
+        ("DELETE", f"/contacts/ada-lovelace/segments/{segment['id']}"),
+    ]:
+        message = assert_error(await client.request(method, path), 400, "BAD_REQUEST")
+        assert "contact_id" in message, path
+
+
 async def test_members_and_memberships_are_listed_latest_first(client: httpx.AsyncClient) -> None:
     vip = await make(client, "/segments", name="VIP")
     trial = await make(client, "/segments", name="Trial")
@@ -141,3 +169,38 @@ async def test_members_and_memberships_are_listed_latest_first(client: httpx.Asy
 
     assert_error(await client.get(f"/segments/{uuid.uuid4()}/contacts"), 404, "NOT_FOUND")
     assert_error(await client.get(f"/contacts/{uuid.uuid4()}/segments"), 404, "NOT_FOUND")
+
+
+async def test_adding_while_the_segment_or_contact_goes_is_404(
+    client: httpx.AsyncClient,
+) -> None:
+    """Additions that race a deletion of the segment or of the contact answer
+    200 (they came first) or 404 naming what is gone; never 500."""
+    statuses: list[int] = []
+
+    async def add(contact_id: str, segment_id: str, gone: str) -> None:
+        response = await client.post(f"/contacts/{contact_id}/segments/{segment_id}")
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            assert gone in assert_error(response, 404, "NOT_FOUND")
+
+    async def delete(path: str) -> None:
+        ok(await client.delete(path), 204)
+
+    for round_ in range(8):
+        segment = await make(client, "/segments", name=f"Doomed {round_}")
+        contacts = [await create(client, email=f"r{round_}.{n}@example.com") for n in range(4)]
+        async with trio.open_nursery() as nursery:
+            for contact in contacts:
+                nursery.start_soon(add, contact["id"], segment["id"], "segment")
+            nursery.start_soon(delete, f"/segments/{segment['id']}")
+
+        contact = await create(client, email=f"doomed{round_}@example.com")
+        segments = [await make(client, "/segments", name=f"S{n}") for n in range(4)]
+        async with trio.open_nursery() as nursery:
+            for segment in segments:
+                nursery.start_soon(add, contact["id"], segment["id"], "contact")
+            nursery.start_soon(delete, f"/contacts/{contact['id']}")
+        for segment in segments:
+            assert ok(await client.get(f"/segments/{segment['id']}"))["contact_count"] == 0
+    assert set(statuses) <= {200, 404}

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import httpx
+import trio
 
 from tests.conftest import MakeToken, assert_error
 from tests.http.audience import create, make, ok
@@ -111,6 +112,25 @@ async def test_a_contact_without_a_choice_has_the_default(client: httpx.AsyncCli
     assert by_name(ok(await client.get(path))) == {"News": ("opt_in", True)}
 
 
+async def test_a_contact_is_named_by_id_or_email(client: httpx.AsyncClient) -> None:
+    news = await topic(client, "News", "opt_in")
+    contact = await create(client, email="Ada@Example.com")
+    body = {"topics": [{"id": news["id"], "subscription": "opt_out"}]}
+    chosen = ok(await client.patch("/contacts/ADA@example.com/topics", json=body))
+    assert by_name(chosen) == {"News": ("opt_out", False)}
+    for ref in ("ada@example.com", "Ada@Example.com", contact["id"]):
+        assert ok(await client.get(f"/contacts/{ref}/topics")) == chosen
+
+    assert_error(await client.get("/contacts/nobody@example.com/topics"), 404, "NOT_FOUND")
+    missing = await client.patch("/contacts/nobody@example.com/topics", json=body)
+    assert assert_error(missing, 404, "NOT_FOUND") == "contact not found"
+    for response in (
+        await client.get("/contacts/ada-lovelace/topics"),
+        await client.patch("/contacts/ada-lovelace/topics", json=body),
+    ):
+        assert "contact_id" in assert_error(response, 400, "BAD_REQUEST")
+
+
 async def test_contact_topic_refusals(client: httpx.AsyncClient) -> None:
     news = await topic(client, "News", "opt_in")
     contact = await create(client, email="ada@example.com")
@@ -139,6 +159,40 @@ async def test_contact_topic_refusals(client: httpx.AsyncClient) -> None:
     assert_error(await client.get(missing), 404, "NOT_FOUND")
     body = {"topics": [{"id": news["id"], "subscription": "opt_in"}]}
     assert_error(await client.patch(missing, json=body), 404, "NOT_FOUND")
+
+
+async def test_choices_racing_a_deletion_are_404_naming_what_is_gone(
+    client: httpx.AsyncClient,
+) -> None:
+    """Choices recorded while a topic or the contact is deleted answer 200 (they
+    came first) or 404 naming the topic or the contact; never 500."""
+    statuses: list[int] = []
+
+    async def choose(contact_id: str, topic_ids: list[str], gone: str) -> None:
+        body = {"topics": [{"id": t, "subscription": "opt_out"} for t in topic_ids]}
+        response = await client.patch(f"/contacts/{contact_id}/topics", json=body)
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            assert assert_error(response, 404, "NOT_FOUND") == f"{gone} not found"
+
+    async def delete(path: str) -> None:
+        ok(await client.delete(path), 204)
+
+    for round_ in range(8):
+        topics = [await topic(client, f"T{round_}.{n}", "opt_in") for n in range(3)]
+        ids = [t["id"] for t in topics]
+        contacts = [await create(client, email=f"r{round_}.{n}@example.com") for n in range(4)]
+        async with trio.open_nursery() as nursery:
+            for contact in contacts:
+                nursery.start_soon(choose, contact["id"], ids, f"topic {ids[0]}")
+            nursery.start_soon(delete, f"/topics/{ids[0]}")
+
+        doomed = await create(client, email=f"doomed{round_}@example.com")
+        async with trio.open_nursery() as nursery:
+            for topic_id in ids[1:] * 2:
+                nursery.start_soon(choose, doomed["id"], [topic_id], "contact")
+            nursery.start_soon(delete, f"/contacts/{doomed['id']}")
+    assert set(statuses) <= {200, 404}
 
 
 async def test_subscribed_contacts_is_one_question_for_many_contacts(

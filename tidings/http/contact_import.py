@@ -160,7 +160,6 @@ class Checker:
         self.check_nul = check_nul
         self.rows: list[store.ImportRow] = []
         self.rejected: list[Rejection] = []
-        self.first_row_of: dict[str, int] = {}
 
     def reject(self, row: int, email: Any, reason: str) -> None:
         self.rejected.append(Rejection(row=row, email=email if isinstance(email, str) else None,
@@ -185,11 +184,6 @@ class Checker:
             to_set, _ = check_properties(contact.properties or {}, self.known)
         except FieldError as error:
             self.reject(row, contact.email, str(error))
-            return
-        key = contact.email.lower()
-        earlier = self.first_row_of.setdefault(key, row)
-        if earlier != row:
-            self.reject(row, contact.email, f"email: repeats row {earlier} of this import")
             return
         consent = contact.sms_consent_status
         self.rows.append(
@@ -350,6 +344,26 @@ def parse_body(body: RawBody, known: Mapping[str, PropertyType]) -> Parsed:
     )
 
 
+async def drop_repeats(call: Call, parsed: Parsed) -> None:
+    """Reject each row whose email an earlier row has: the first one wins.
+
+    Emails are compared as PostgreSQL folds their case, as the unique index
+    does; Python's ``str.lower`` folds some letters otherwise (U+0130).
+    """
+    keys = await store.email_keys(call.conn, [row.email for row in parsed.rows])
+    first_row_of: dict[str, int] = {}
+    kept: list[store.ImportRow] = []
+    for row, key in zip(parsed.rows, keys, strict=True):
+        earlier = first_row_of.setdefault(key, row.row)
+        if earlier == row.row:
+            kept.append(row)
+        else:
+            parsed.rejected.append(Rejection(
+                row=row.row, email=row.email, reason=f"email: repeats row {earlier} of this import"
+            ))
+    parsed.rows = kept
+
+
 def listed(rejected: Iterable[Rejection]) -> list[Rejection]:
     ordered = sorted(rejected, key=lambda rejection: rejection.row)
     return ordered[:MAX_LISTED_REJECTIONS]
@@ -367,6 +381,7 @@ async def import_contacts(call: Call, query: ImportQuery, raw_body: RawBody) -> 
     if query.segment_id and parsed.segment_id and query.segment_id != parsed.segment_id:
         raise bad_request("segment_id: the query and the body name different segments")
     segment_id = query.segment_id or parsed.segment_id
+    await drop_repeats(call, parsed)
     async with call.conn.transaction():
         if segment_id is not None and not await segment_store.lock_segment(
             call.conn, call.team_id, segment_id

@@ -43,7 +43,10 @@ class CreateContact(RequestBody):
     last_name: str | None = Field(None, max_length=255)
     unsubscribed: bool = False
     sms_consent_status: ConsentStatus = "unknown"
-    sms_consent_source: str = Field("api", min_length=1, max_length=50, description=SOURCE)
+    sms_consent_source: str = Field(
+        "api", min_length=1, max_length=50,
+        description=SOURCE + " (only with an sms_consent_status other than unknown; default api)",
+    )
     properties: dict[str, Any] = Field(
         default_factory=dict,
         description="Values of the team's contact properties (POST /contact-properties)",
@@ -53,6 +56,12 @@ class CreateContact(RequestBody):
     def reachable(self) -> Self:
         if self.email is None and self.phone is None:
             raise ValueError("a contact needs an email or a phone")
+        # The source describes a change of status; "unknown" records none.
+        if "sms_consent_source" in self.model_fields_set and self.sms_consent_status == "unknown":
+            raise ValueError(
+                "sms_consent_source: is only accepted with an sms_consent_status "
+                "other than unknown"
+            )
         return self
 
 
@@ -137,6 +146,15 @@ def contact_ref(raw: str) -> store.ContactRef:
     if "@" in raw and "\x00" not in raw and len(raw) <= 320:
         return raw.strip()
     raise bad_request(f"contact_id: {raw!r} is neither a contact id (UUID) nor an email address")
+
+
+async def find_contact_id(call: Call, raw: str) -> UUID:
+    """The id of the team's contact named in a path by its id or email; 400
+    for a value that is neither, 404 for no such contact."""
+    found = await store.find_contact_id(call.conn, call.team_id, contact_ref(raw))
+    if found is None:
+        raise not_found("contact")
+    return found
 
 
 def phone_fields(phone: str | None) -> tuple[str | None, str | None]:

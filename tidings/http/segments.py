@@ -12,12 +12,11 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from tidings.http.contacts import ContactList, out
+from tidings.http.contacts import CONTACT_REF, ContactList, find_contact_id, out
 from tidings.http.envelope import ApiError, not_found
 from tidings.http.models import RequestBody
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
-from tidings.storage import contacts as contact_store
 from tidings.storage import segments as store
 
 routes = Routes("Segments")
@@ -131,26 +130,28 @@ async def list_segment_contacts(call: Call, segment_id: UUID, query: Paging) -> 
 
 
 @routes.route(
-    "GET", "/contacts/{contact_id}/segments", summary="The segments of a contact",
-    permission="contacts:read", query=Paging, response=MembershipList,
+    "GET", "/contacts/{contact_id}/segments",
+    summary="The segments of a contact (by id or email)", permission="contacts:read",
+    query=Paging, response=MembershipList, path_types=CONTACT_REF,
 )
-async def list_contact_segments(call: Call, contact_id: UUID, query: Paging) -> dict[str, Any]:
-    if await contact_store.get_contact(call.conn, call.team_id, contact_id) is None:
-        raise not_found("contact")
+async def list_contact_segments(call: Call, contact_id: str, query: Paging) -> dict[str, Any]:
     found = await store.contact_segments(
-        call.conn, call.team_id, contact_id, query.limit + 1, query.offset
+        call.conn, call.team_id, await find_contact_id(call, contact_id),
+        query.limit + 1, query.offset,
     )
     return page([MembershipOut.of(membership) for membership in found], query.limit)
 
 
 @routes.route(
     "POST", "/contacts/{contact_id}/segments/{segment_id}",
-    summary="Add a contact to a segment (safe to repeat)", permission="contacts:write",
-    response=MembershipOut,
+    summary="Add a contact (by id or email) to a segment (safe to repeat)",
+    permission="contacts:write", response=MembershipOut, path_types=CONTACT_REF,
 )
-async def add_to_segment(call: Call, contact_id: UUID, segment_id: UUID) -> MembershipOut:
+async def add_to_segment(call: Call, contact_id: str, segment_id: UUID) -> MembershipOut:
+    contact = await find_contact_id(call, contact_id)
     try:
-        membership = await store.add_member(call.conn, call.team_id, segment_id, contact_id)
+        # The contact may be deleted meanwhile: add_member checks it again.
+        membership = await store.add_member(call.conn, call.team_id, segment_id, contact)
     except store.NoContact:
         raise not_found("contact") from None
     except store.NoSegment:
@@ -160,11 +161,13 @@ async def add_to_segment(call: Call, contact_id: UUID, segment_id: UUID) -> Memb
 
 @routes.route(
     "DELETE", "/contacts/{contact_id}/segments/{segment_id}",
-    summary="Remove a contact from a segment", permission="contacts:write", status=204,
+    summary="Remove a contact (by id or email) from a segment", permission="contacts:write",
+    status=204, path_types=CONTACT_REF,
 )
-async def remove_from_segment(call: Call, contact_id: UUID, segment_id: UUID) -> Answer:
+async def remove_from_segment(call: Call, contact_id: str, segment_id: UUID) -> Answer:
+    contact = await find_contact_id(call, contact_id)
     try:
-        removed = await store.remove_member(call.conn, call.team_id, segment_id, contact_id)
+        removed = await store.remove_member(call.conn, call.team_id, segment_id, contact)
     except store.NoContact:
         raise not_found("contact") from None
     except store.NoSegment:

@@ -13,6 +13,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field, model_validator
 
+from tidings.http.contacts import CONTACT_REF, contact_ref, find_contact_id
 from tidings.http.envelope import not_found
 from tidings.http.models import RequestBody
 from tidings.http.paging import Paging, page
@@ -187,35 +188,40 @@ async def delete_topic(call: Call, topic_id: UUID) -> Answer:
 
 
 @routes.route(
-    "GET", "/contacts/{contact_id}/topics", summary="A contact's subscription to each topic",
-    permission="contacts:read", query=Paging, response=ContactTopicList,
+    "GET", "/contacts/{contact_id}/topics",
+    summary="A contact's (by id or email) subscription to each topic",
+    permission="contacts:read", query=Paging, response=ContactTopicList, path_types=CONTACT_REF,
 )
-async def get_contact_topics(call: Call, contact_id: UUID, query: Paging) -> dict[str, Any]:
-    if await contact_store.get_contact(call.conn, call.team_id, contact_id) is None:
-        raise not_found("contact")
+async def get_contact_topics(call: Call, contact_id: str, query: Paging) -> dict[str, Any]:
     found = await store.contact_topics(
-        call.conn, call.team_id, contact_id, query.limit + 1, query.offset
+        call.conn, call.team_id, await find_contact_id(call, contact_id),
+        query.limit + 1, query.offset,
     )
     return page([ContactTopicOut.of(entry) for entry in found], query.limit)
 
 
 @routes.route(
-    "PATCH", "/contacts/{contact_id}/topics", summary="Set a contact's subscription to topics",
+    "PATCH", "/contacts/{contact_id}/topics",
+    summary="Set a contact's (by id or email) subscription to topics",
     permission="contacts:write", body=UpdateContactTopics, response=ContactTopicList,
+    path_types=CONTACT_REF,
 )
 async def update_contact_topics(
-    call: Call, contact_id: UUID, body: UpdateContactTopics
+    call: Call, contact_id: str, body: UpdateContactTopics
 ) -> dict[str, Any]:
+    ref = contact_ref(contact_id)
     choices = {choice.id: choice.subscription for choice in body.topics}
     async with call.conn.transaction():
-        if await contact_store.get_contact(call.conn, call.team_id, contact_id) is None:
+        # Locked, the contact and the topics cannot be deleted before the
+        # choices are in.
+        contact = await contact_store.lock_contact(call.conn, call.team_id, ref)
+        if contact is None:
             raise not_found("contact")
-        unknown = await store.unknown_topics(call.conn, call.team_id, list(choices))
+        unknown = await store.lock_topics(call.conn, call.team_id, list(choices))
         if unknown:
             raise not_found(f"topic {unknown[0]}")
-        if not await store.set_choices(call.conn, contact_id, choices):
-            raise not_found("contact or topic")
+        await store.set_choices(call.conn, contact, choices)
         found = await store.contact_topics(
-            call.conn, call.team_id, contact_id, len(choices), 0, only=list(choices)
+            call.conn, call.team_id, contact, len(choices), 0, only=list(choices)
         )
     return page([ContactTopicOut.of(entry) for entry in found], len(choices))

@@ -2,6 +2,10 @@
 
 A contact is named by its id or by its email (case-insensitively); a
 ``ContactRef`` is either. Emails are unique per team, case-insensitively.
+
+Case is folded by PostgreSQL's ``lower()`` alone, as the unique index on
+``lower(email)`` does it, never by Python's ``str.lower``: the two differ
+(``İ``, U+0130, is ``i`` for one and ``i`` + U+0307 for the other).
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ RETURNING {CONTACT_COLUMNS}
 """
 
 # A contact is named by its id or, case-insensitively, by its email: $2 is
-# the id or NULL, $3 the lowercased email or NULL.
+# the id or NULL, $3 the email or NULL.
 TARGET = """
 SELECT id FROM contacts WHERE team_id = $1 AND id = $2
 UNION ALL
-SELECT id FROM contacts WHERE team_id = $1 AND lower(email) = $3
+SELECT id FROM contacts WHERE team_id = $1 AND lower(email) = lower($3)
 LIMIT 1
 """
 
@@ -48,7 +52,7 @@ SELECT_CONTACT = f"""
 SELECT {CONTACT_COLUMNS} FROM contacts WHERE team_id = $1 AND id = ({TARGET})
 """
 
-# Filters: $2 email (lowercased), $3 unsubscribed, $4 search (a LIKE
+# Filters: $2 email (any case), $3 unsubscribed, $4 search (a LIKE
 # pattern); NULL means no filter. Three shapes, so that each can use its index.
 _FILTERS = """
     AND ($3::boolean IS NULL OR c.unsubscribed = $3)
@@ -59,7 +63,7 @@ _FILTERS = """
 
 SELECT_CONTACTS = f"""
 SELECT {CONTACT_COLUMNS} FROM contacts c
-WHERE c.team_id = $1 AND ($2::text IS NULL OR lower(c.email) = $2)
+WHERE c.team_id = $1 AND ($2::text IS NULL OR lower(c.email) = lower($2))
 {_FILTERS}
 ORDER BY c.created_at DESC, c.id DESC
 LIMIT $5 OFFSET $6
@@ -67,7 +71,7 @@ LIMIT $5 OFFSET $6
 
 SELECT_CONTACTS_BY_EMAIL = f"""
 SELECT {CONTACT_COLUMNS} FROM contacts c
-WHERE c.team_id = $1 AND lower(c.email) = $2
+WHERE c.team_id = $1 AND lower(c.email) = lower($2)
 {_FILTERS}
 LIMIT $5 OFFSET $6
 """
@@ -75,7 +79,8 @@ LIMIT $5 OFFSET $6
 SELECT_SEGMENT_CONTACTS_FILTERED = f"""
 SELECT {", ".join("c." + name.strip() for name in CONTACT_COLUMNS.split(","))}
 FROM segment_contacts m JOIN contacts c ON c.id = m.contact_id
-WHERE m.segment_id = $7 AND c.team_id = $1 AND ($2::text IS NULL OR lower(c.email) = $2)
+WHERE m.segment_id = $7 AND c.team_id = $1
+  AND ($2::text IS NULL OR lower(c.email) = lower($2))
 {_FILTERS}
 ORDER BY c.created_at DESC, c.id DESC
 LIMIT $5 OFFSET $6
@@ -102,6 +107,12 @@ UPDATE contacts SET
     updated_at = now()
 WHERE team_id = $1 AND id = ({TARGET})
 RETURNING {CONTACT_COLUMNS}
+"""
+
+# KEY SHARE: the contact cannot be deleted (nor its id change) before the
+# transaction ends, so that rows added for it keep their foreign key.
+LOCK_CONTACT = f"""
+SELECT id FROM contacts WHERE team_id = $1 AND id = ({TARGET}) FOR KEY SHARE
 """
 
 DELETE_CONTACT = f"""
@@ -164,7 +175,8 @@ WITH input AS (
     ON CONFLICT DO NOTHING
     RETURNING contact_id
 )
-SELECT ARRAY(SELECT email_key FROM inserted) AS inserted,
+SELECT ARRAY(SELECT i.row_no FROM inserted JOIN input i ON lower(i.email) = inserted.email_key)
+           AS inserted,
        ARRAY(SELECT row_no FROM updated) AS updated,
        (SELECT count(*) FROM members) AS added
 """
@@ -231,12 +243,25 @@ async def create_contact(conn: Any, team_id: UUID, new: NewContact) -> Contact:
 
 
 def _ref(ref: ContactRef) -> tuple[UUID | None, str | None]:
-    return (ref, None) if isinstance(ref, UUID) else (None, ref.lower())
+    return (ref, None) if isinstance(ref, UUID) else (None, ref)
 
 
 async def get_contact(conn: Any, team_id: UUID, ref: ContactRef) -> Contact | None:
     row = await conn.fetchrow(SELECT_CONTACT, team_id, *_ref(ref))
     return None if row is None else Contact.from_row(row)
+
+
+async def find_contact_id(conn: Any, team_id: UUID, ref: ContactRef) -> UUID | None:
+    """The id of the team's contact named by ``ref``, or None."""
+    found: UUID | None = await conn.fetchval(TARGET, team_id, *_ref(ref))
+    return found
+
+
+async def lock_contact(conn: Any, team_id: UUID, ref: ContactRef) -> UUID | None:
+    """The id of the team's contact named by ``ref``, or None. In a transaction,
+    the contact then stays until it ends (rows can be added for it)."""
+    found: UUID | None = await conn.fetchval(LOCK_CONTACT, team_id, *_ref(ref))
+    return found
 
 
 @dataclass(frozen=True)
@@ -260,7 +285,7 @@ async def list_contacts(
 
     ``where.segment_id`` must be a segment of the team (the caller checks).
     """
-    email = None if where.email is None else where.email.lower()
+    email = where.email
     search = None if where.search is None else like_pattern(where.search)
     args = [team_id, email, where.unsubscribed, search, limit, offset]
     if where.segment_id is not None:
@@ -334,6 +359,12 @@ async def delete_contact(conn: Any, team_id: UUID, ref: ContactRef) -> bool:
 
 # --- bulk import ------------------------------------------------------------------
 
+# Each email as the unique index compares it, in the order given.
+EMAIL_KEYS = """
+SELECT ARRAY(SELECT lower(e.email) FROM unnest($1::text[]) WITH ORDINALITY AS e(email, n)
+             ORDER BY e.n)
+"""
+
 # A row whose email keeps being inserted by others between passes is given up
 # after this many passes and reported back to the caller.
 IMPORT_PASSES = 3
@@ -357,6 +388,15 @@ class ImportRow:
     properties: str | None
 
 
+async def email_keys(conn: Any, emails: list[str]) -> list[str]:
+    """``emails`` folded to lowercase by PostgreSQL, as the unique index on a
+    contact's email folds them: two emails with the same key are one contact."""
+    if not emails:
+        return []
+    keys: list[str] = await conn.fetchval(EMAIL_KEYS, emails)
+    return keys
+
+
 @dataclass(frozen=True)
 class ImportResult:
     created: int
@@ -372,8 +412,8 @@ async def import_contacts(
     """Upsert ``rows`` by email and add them to ``segment_id``: set-based, one
     statement per pass (normally one pass).
 
-    Emails must be unique (case-insensitively) within ``rows``, and the segment
-    the team's. Run it in a transaction: cancelled or failing, it leaves nothing.
+    Emails must be unique within ``rows`` as ``email_keys`` folds them, and the
+    segment the team's. Run it in a transaction: cancelled or failing, it leaves nothing.
     """
     created = updated = added = 0
     pending = rows
@@ -403,12 +443,11 @@ async def import_contacts(
             [r.properties for r in pending],
             segment_id,
         )
-        inserted = set(record["inserted"])
+        inserted_rows = set(record["inserted"])
         updated_rows = set(record["updated"])
-        created += len(inserted)
+        created += len(inserted_rows)
         updated += len(updated_rows)
         added += record["added"]
-        pending = [
-            r for r in pending if r.row not in updated_rows and r.email.lower() not in inserted
-        ]
+        done = inserted_rows | updated_rows
+        pending = [r for r in pending if r.row not in done]
     return ImportResult(created, updated, added, [r.row for r in pending])

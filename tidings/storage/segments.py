@@ -41,11 +41,16 @@ DELETE_SEGMENT = "DELETE FROM segments WHERE team_id = $1 AND id = $2 RETURNING 
 
 # Adding again leaves the membership as it was; the no-op update makes
 # RETURNING give the existing row, even one another transaction just added.
+# KEY SHARE holds off a deletion of the segment or the contact until the
+# membership is in (the deletion then removes it); one deleted meanwhile is
+# not found, where the insert would break the foreign key.
 ADD_MEMBER = """
 WITH segment AS (
     SELECT id, team_id, name, created_at FROM segments WHERE team_id = $1 AND id = $2
+    FOR KEY SHARE
 ), contact AS (
     SELECT id FROM contacts WHERE team_id = $1 AND id = $3
+    FOR KEY SHARE
 ), added AS (
     INSERT INTO segment_contacts (segment_id, contact_id)
     SELECT segment.id, contact.id FROM segment, contact

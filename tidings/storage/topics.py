@@ -13,8 +13,6 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-import asyncpg
-
 Subscription = Literal["opt_in", "opt_out"]
 
 COLUMNS = "id, team_id, name, description, default_subscription, created_at, updated_at"
@@ -56,10 +54,16 @@ ORDER BY t.created_at DESC, t.id DESC
 LIMIT $3 OFFSET $4
 """
 
-UNKNOWN_TOPICS = """
+# KEY SHARE: the topics found cannot be deleted before the transaction ends,
+# so that the choices recorded next keep their foreign key.
+LOCK_TOPICS = """
+WITH found AS (
+    SELECT id FROM topics WHERE team_id = $1 AND id = ANY($2::uuid[]) FOR KEY SHARE
+)
 SELECT ARRAY(
-    SELECT wanted.id FROM unnest($2::uuid[]) AS wanted(id)
-    WHERE NOT EXISTS (SELECT 1 FROM topics t WHERE t.team_id = $1 AND t.id = wanted.id)
+    SELECT wanted.id FROM unnest($2::uuid[]) WITH ORDINALITY AS wanted(id, n)
+    WHERE wanted.id NOT IN (SELECT id FROM found)
+    ORDER BY wanted.n
 )
 """
 
@@ -178,32 +182,31 @@ async def contact_topics(
     ]
 
 
-async def unknown_topics(conn: Any, team_id: UUID, topic_ids: Sequence[UUID]) -> list[UUID]:
-    """Those of ``topic_ids`` that are not topics of the team."""
-    return list(await conn.fetchval(UNKNOWN_TOPICS, team_id, list(topic_ids)))
+async def lock_topics(conn: Any, team_id: UUID, topic_ids: Sequence[UUID]) -> list[UUID]:
+    """Those of ``topic_ids`` that are not topics of the team, in the order given.
+    In a transaction, the others then stay until it ends (choices can be
+    recorded for them)."""
+    return list(await conn.fetchval(LOCK_TOPICS, team_id, list(topic_ids)))
 
 
 async def set_choices(
     conn: Any, contact_id: UUID, choices: dict[UUID, Subscription | None]
-) -> bool:
+) -> None:
     """Record a contact's choices; None removes the choice (back to the default).
 
-    The caller checks that the contact and every topic are the team's; False
-    if one of them was deleted meanwhile (nothing is recorded then).
+    The caller, in the same transaction, has locked the contact
+    (``contacts.lock_contact``) and every topic (``lock_topics``): the team's,
+    and none deleted before the choices are in.
     """
     recorded = [(topic, choice) for topic, choice in choices.items() if choice is not None]
     removed = [topic for topic, choice in choices.items() if choice is None]
-    try:
-        await conn.fetchval(
-            SET_CHOICES,
-            contact_id,
-            [topic for topic, _ in recorded],
-            [choice for _, choice in recorded],
-            removed,
-        )
-    except asyncpg.ForeignKeyViolationError:
-        return False
-    return True
+    await conn.fetchval(
+        SET_CHOICES,
+        contact_id,
+        [topic for topic, _ in recorded],
+        [choice for _, choice in recorded],
+        removed,
+    )
 
 
 async def subscribed_contacts(
