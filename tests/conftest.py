@@ -21,9 +21,10 @@ import pytest
 import trio
 import triopg
 
-from tidings.app import Service, open_service, serve_http
+from tidings.app import serve_http
 from tidings.config import Config
 from tidings.permissions import ALL_PERMISSIONS
+from tidings.service import Service, open_service
 from tidings.storage import tokens as token_store
 from tidings.storage.db import open_asyncio_bridge, start_embedded, with_database
 from tidings.storage.migrate import migrate

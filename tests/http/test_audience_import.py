@@ -17,8 +17,8 @@ import trio
 from tests.conftest import Credential, assert_error
 from tests.http.audience import create, define, make, ok
 from tidings import cli
-from tidings.app import Service
 from tidings.config import Config
+from tidings.service import Service
 
 CSV = {"Content-Type": "text/csv"}
 

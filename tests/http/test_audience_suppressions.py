@@ -9,7 +9,7 @@ import httpx
 
 from tests.conftest import MakeToken, assert_error
 from tests.http.audience import make, ok
-from tidings.app import Service
+from tidings.service import Service
 from tidings.storage import suppressions as suppression_store
 
 

@@ -11,7 +11,7 @@ import trio
 
 from tests.conftest import MakeToken, assert_error
 from tests.http.audience import create, make, ok
-from tidings.app import Service
+from tidings.service import Service
 from tidings.storage import topics as topic_store
 
 

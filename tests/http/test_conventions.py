@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from tests.conftest import Credential, MakeToken, assert_error
-from tidings.app import Service
 from tidings.config import Config
 from tidings.http.app import all_routes
 from tidings.http.routing import MUTATING
+from tidings.service import Service
 
 # --- helpers and fixtures -----------------------------------------------------
 

@@ -11,8 +11,9 @@ import pytest
 import trio
 
 from tests.conftest import Credential, MakeToken
-from tidings.app import Service, open_service, serve_http
+from tidings.app import serve_http
 from tidings.config import Config
+from tidings.service import Service, open_service
 
 KEY = "Idempotency-Key"
 

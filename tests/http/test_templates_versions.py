@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from tests.conftest import assert_error
-from tidings.app import Service
+from tidings.service import Service
 
 GREETING = {
     "name": "Greeting",

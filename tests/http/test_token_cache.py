@@ -9,7 +9,7 @@ import httpx
 import trio
 
 from tests.conftest import Credential, MakeToken
-from tidings.app import Service
+from tidings.service import Service
 
 
 async def wait_listening(service: Service) -> None:

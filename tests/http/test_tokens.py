@@ -13,7 +13,7 @@ import httpx
 import trio
 
 from tests.conftest import Credential, MakeToken, assert_error
-from tidings.app import Service
+from tidings.service import Service
 from tidings.storage import tokens as token_store
 from tidings.storage.tokens import TOKEN_PREFIX
 

@@ -14,9 +14,10 @@ import trio
 
 from tests.conftest import Credential
 from tests.webhooks.receiver import Receiver, Respond, ok
-from tidings.app import Service, open_service, serve_http
+from tidings.app import serve_http
 from tidings.config import Config
 from tidings.permissions import ALL_PERMISSIONS
+from tidings.service import Service, open_service
 from tidings.storage import tokens as token_store
 from tidings.storage.events import record_event
 from tidings.webhooks.safety import Resolver, system_resolve

@@ -17,7 +17,7 @@ from tests.webhooks.conftest import (
     wait_until,
 )
 from tests.webhooks.receiver import Answer, Received
-from tidings.app import Service
+from tidings.service import Service
 from tidings.webhooks import verify
 
 

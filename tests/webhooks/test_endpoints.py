@@ -10,7 +10,7 @@ import trio
 
 from tests.conftest import Credential, MakeToken, assert_error
 from tests.webhooks.conftest import Emit, MakeReceiver, create_endpoint, custom_service
-from tidings.app import Service
+from tidings.service import Service
 from tidings.storage.events import record_event
 from tidings.webhooks.catalogue import EVENT_TYPES
 

@@ -29,10 +29,11 @@ from tidings.http import (
     webhooks,
 )
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
+from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes, make_view
 
 if TYPE_CHECKING:
-    from tidings.app import Service
+    from tidings.service import Service
 
 log = logging.getLogger("tidings.http")
 
@@ -93,12 +94,15 @@ def create_app(service: Service) -> QuartTrio:
         route.max_body_bytes(service.config) for route in all_routes()
     )
     app.url_map.strict_slashes = False
+    rate_limiter = RateLimiter(
+        service.config.rate_limit_per_second, service.config.rate_limit_burst
+    )
 
     for route in all_routes():
         app.add_url_rule(
             route.rule,
             endpoint=f"{route.method} {route.path}",
-            view_func=make_view(service, route),
+            view_func=make_view(service, route, rate_limiter),
             methods=[route.method],
         )
 

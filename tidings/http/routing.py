@@ -36,14 +36,15 @@ from tidings.http.envelope import (
     json_response,
     success_body,
 )
+from tidings.http.ratelimit import RateLimiter
 from tidings.storage import idempotency as records
 from tidings.storage import tokens as token_store
 from tidings.storage.db import Connection
 from tidings.storage.tokens import Token
 
 if TYPE_CHECKING:
-    from tidings.app import Service
     from tidings.config import Config
+    from tidings.service import Service
 
 log = logging.getLogger("tidings.http")
 
@@ -372,7 +373,9 @@ async def run_idempotent(
                     await records.release(conn, token.id, key, claim)
 
 
-def make_view(service: Service, route: Route) -> Callable[..., Awaitable[Response]]:
+def make_view(
+    service: Service, route: Route, rate_limiter: RateLimiter
+) -> Callable[..., Awaitable[Response]]:
     async def view(**path_values: str) -> Response:
         if route.public:
             result = await route.handler(service, **parse_path(route, path_values))
@@ -380,7 +383,7 @@ def make_view(service: Service, route: Route) -> Callable[..., Awaitable[Respons
                 *render(route, result)
             )
         token = await authorize(service, route)
-        service.rate_limiter.check(token.id)
+        rate_limiter.check(token.id)
         kwargs = parse_path(route, path_values)
         if route.query is not None:
             kwargs["query"] = parse_query(route.query)

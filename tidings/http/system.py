@@ -11,7 +11,7 @@ from tidings.http.envelope import ApiError
 from tidings.http.routing import Routes
 
 if TYPE_CHECKING:
-    from tidings.app import Service
+    from tidings.service import Service
 
 routes = Routes("System")
 
