@@ -13,7 +13,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field, field_validator
 
-from tidings.http.contact_fields import FieldError, check_property_value
+from tidings.fields import FieldError
+from tidings.http.contact_fields import check_property_value
 from tidings.http.envelope import bad_request, conflict, not_found
 from tidings.http.models import RequestBody
 from tidings.http.paging import Paging, page
