@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tidings.addresses import MAX_ADDRESS_LENGTH
 from tidings.fields import FieldError, has_nul
 from tidings.http.contact_fields import ConsentStatus, Email, check_properties
-from tidings.http.envelope import bad_request, conflict, not_found, unprocessable
+from tidings.http.envelope import bad_request, not_found, unprocessable
 from tidings.http.models import ListQuery, RequestBody
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
@@ -23,7 +23,6 @@ from tidings.phones import parse_phone
 from tidings.storage import contact_properties as definitions
 from tidings.storage import contacts as store
 from tidings.storage import segments as segment_store
-from tidings.storage.errors import Duplicate
 
 routes = Routes("Contacts")
 
@@ -201,10 +200,7 @@ async def create_contact(call: Call, body: CreateContact) -> ContactOut:
         unsubscribed=body.unsubscribed,
         properties=properties,
     )
-    try:
-        contact = await store.create_contact(call.conn, call.team_id, new)
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    contact = await store.create_contact(call.conn, call.team_id, new)
     return out(contact)
 
 
@@ -263,8 +259,6 @@ async def update_contact(call: Call, contact_id: str, body: UpdateContact) -> Co
     )
     try:
         contact = await store.update_contact(call.conn, call.team_id, ref, changes)
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
     except store.Unreachable:
         raise unprocessable(
             "email, phone: a contact needs an email or a phone; this change would leave neither"

@@ -15,14 +15,13 @@ from pydantic import BaseModel, Field
 
 from tidings.addresses import normalize_address
 from tidings.fields import FieldError
-from tidings.http.envelope import bad_request, conflict, not_found
+from tidings.http.envelope import bad_request, not_found
 from tidings.http.models import ListQuery, RequestBody
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.phones import parse_phone
 from tidings.storage import suppressions as store
 from tidings.storage.contacts import like_pattern
-from tidings.storage.errors import Duplicate
 from tidings.storage.suppressions import Kind, Reason
 
 routes = Routes("Suppressions")
@@ -93,12 +92,9 @@ def stored_address(address: str) -> tuple[str, Kind]:
 )
 async def create_suppression(call: Call, body: CreateSuppression) -> SuppressionOut:
     address, kind = stored_address(body.address)
-    try:
-        created = await store.create_suppression(
-            call.conn, call.team_id, address, kind, body.reason, body.source_message_id
-        )
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    created = await store.create_suppression(
+        call.conn, call.team_id, address, kind, body.reason, body.source_message_id
+    )
     return SuppressionOut.of(created)
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tidings.addresses import parse_address, parse_mailbox
 from tidings.fields import FieldError
-from tidings.http.envelope import bad_request, conflict, not_found, unprocessable
+from tidings.http.envelope import bad_request, not_found, unprocessable
 from tidings.http.models import RequestBody
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
@@ -32,7 +32,6 @@ from tidings.rendering import (
     render,
 )
 from tidings.storage import templates as store
-from tidings.storage.errors import Duplicate
 
 routes = Routes("Templates")
 
@@ -402,12 +401,9 @@ async def create_template(call: Call, body: CreateTemplate) -> TemplateCreated:
         text=body.text,
         variables=tuple(v.variable() for v in body.variables),
     )
-    try:
-        template_id = await store.create_template(
-            call.conn, call.team_id, body.name, body.alias, body.category, content
-        )
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    template_id = await store.create_template(
+        call.conn, call.team_id, body.name, body.alias, body.category, content
+    )
     return TemplateCreated(id=template_id)
 
 
@@ -454,12 +450,9 @@ async def update_template(call: Call, template: str, body: UpdateTemplate) -> Te
             await store.get_versions(call.conn, call.team_id, [locked.current_version_id])
         )[locked.current_version_id]
         content = merged_content(base, body)
-        try:
-            updated = await store.add_version(
-                call.conn, locked, base, name, alias, category, content, body.change_note
-            )
-        except Duplicate as duplicate:
-            raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+        updated = await store.add_version(
+            call.conn, locked, base, name, alias, category, content, body.change_note
+        )
         return await detail(call, updated)
 
 
