@@ -19,6 +19,7 @@ from tidings.http import (
     contact_import,
     contact_properties,
     contacts,
+    envelope,
     events,
     segments,
     suppressions,
@@ -31,6 +32,7 @@ from tidings.http import (
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes, make_view
+from tidings.storage.errors import Duplicate
 
 if TYPE_CHECKING:
     from tidings.service import Service
@@ -117,6 +119,8 @@ def create_app(service: Service) -> QuartTrio:
         elapsed = 0.0 if started is None else time.perf_counter() - started
         service.metrics.observe(request.method, rule, response.status_code, elapsed)
         return response
+
+    app.register_error_handler(Duplicate, envelope.duplicate_response)
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
