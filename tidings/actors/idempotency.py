@@ -20,7 +20,7 @@ from tidings.actors.mailbox import Mailbox, Reply
 from tidings.actors.supervisor import Actor, Supervisor, open_supervisor
 from tidings.config import Config
 from tidings.storage import idempotency as records
-from tidings.storage.db import Connection, Database
+from tidings.storage.db import AsyncioConnection, Database
 
 log = logging.getLogger("tidings.idempotency")
 
@@ -85,7 +85,7 @@ class IdempotencyShard(Actor[Begin]):
         message.reply.send(decision)
 
 
-async def decide(conn: Connection, begin: Begin, lock: float, retention: float) -> Decision:
+async def decide(conn: AsyncioConnection, begin: Begin, lock: float, retention: float) -> Decision:
     """Claim the key of ``begin`` or say why not. Runs whole on the storage side."""
     attempt = await records.begin(
         conn, begin.scope, begin.key, begin.fingerprint,

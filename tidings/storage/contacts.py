@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 import asyncpg
 
+from tidings.storage.connection import Connection, Json, Row, returned
 from tidings.storage.errors import unique
 
 CONTACT_COLUMNS = """
@@ -195,12 +195,12 @@ class Contact:
     first_name: str | None
     last_name: str | None
     unsubscribed: bool
-    properties: dict[str, Any]
+    properties: dict[str, Json]
     created_at: datetime
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> Contact:
+    def from_row(cls, row: Row) -> Contact:
         fields = dict(row)
         fields["properties"] = json.loads(fields["properties"])
         return cls(**fields)
@@ -217,10 +217,10 @@ class NewContact:
     first_name: str | None
     last_name: str | None
     unsubscribed: bool
-    properties: dict[str, Any]
+    properties: dict[str, Json]
 
 
-async def create_contact(conn: Any, team_id: UUID, new: NewContact) -> Contact:
+async def create_contact(conn: Connection, team_id: UUID, new: NewContact) -> Contact:
     """Insert a contact. Raises Duplicate if the team has one with this email."""
     with unique("email", f"a contact with email {new.email!r} exists already"):
         row = await conn.fetchrow(
@@ -237,25 +237,25 @@ async def create_contact(conn: Any, team_id: UUID, new: NewContact) -> Contact:
             new.unsubscribed,
             json.dumps(new.properties),
         )
-    return Contact.from_row(row)
+    return Contact.from_row(returned(row))
 
 
 def _ref(ref: ContactRef) -> tuple[UUID | None, str | None]:
     return (ref, None) if isinstance(ref, UUID) else (None, ref)
 
 
-async def get_contact(conn: Any, team_id: UUID, ref: ContactRef) -> Contact | None:
+async def get_contact(conn: Connection, team_id: UUID, ref: ContactRef) -> Contact | None:
     row = await conn.fetchrow(SELECT_CONTACT, team_id, *_ref(ref))
     return None if row is None else Contact.from_row(row)
 
 
-async def find_contact_id(conn: Any, team_id: UUID, ref: ContactRef) -> UUID | None:
+async def find_contact_id(conn: Connection, team_id: UUID, ref: ContactRef) -> UUID | None:
     """The id of the team's contact named by ``ref``, or None."""
     found: UUID | None = await conn.fetchval(TARGET, team_id, *_ref(ref))
     return found
 
 
-async def lock_contact(conn: Any, team_id: UUID, ref: ContactRef) -> UUID | None:
+async def lock_contact(conn: Connection, team_id: UUID, ref: ContactRef) -> UUID | None:
     """The id of the team's contact named by ``ref``, or None. In a transaction,
     the contact then stays until it ends (rows can be added for it)."""
     found: UUID | None = await conn.fetchval(LOCK_CONTACT, team_id, *_ref(ref))
@@ -277,7 +277,7 @@ def like_pattern(text: str) -> str:
 
 
 async def list_contacts(
-    conn: Any, team_id: UUID, where: ContactFilter, limit: int, offset: int
+    conn: Connection, team_id: UUID, where: ContactFilter, limit: int, offset: int
 ) -> list[Contact]:
     """The team's contacts matching every filter given, newest first.
 
@@ -309,7 +309,7 @@ class ContactChanges:
     unsubscribed: bool | None = None
     sms_consent_status: str | None = None
     sms_consent_source: str = "api"
-    set_properties: dict[str, Any] = field(default_factory=dict)
+    set_properties: dict[str, Json] = field(default_factory=dict)
     remove_properties: list[str] = field(default_factory=list)
 
 
@@ -318,7 +318,7 @@ class Unreachable(Exception):
 
 
 async def update_contact(
-    conn: Any, team_id: UUID, ref: ContactRef, changes: ContactChanges
+    conn: Connection, team_id: UUID, ref: ContactRef, changes: ContactChanges
 ) -> Contact | None:
     """Apply a PATCH; None if the team has no such contact.
 
@@ -347,7 +347,7 @@ async def update_contact(
     return None if row is None else Contact.from_row(row)
 
 
-async def delete_contact(conn: Any, team_id: UUID, ref: ContactRef) -> bool:
+async def delete_contact(conn: Connection, team_id: UUID, ref: ContactRef) -> bool:
     """Delete a contact, its segment memberships and its topic choices."""
     return await conn.fetchval(DELETE_CONTACT, team_id, *_ref(ref)) is not None
 
@@ -383,7 +383,7 @@ class ImportRow:
     properties: str | None
 
 
-async def email_keys(conn: Any, emails: list[str]) -> list[str]:
+async def email_keys(conn: Connection, emails: list[str]) -> list[str]:
     """``emails`` folded to lowercase by PostgreSQL, as the unique index on a
     contact's email folds them: two emails with the same key are one contact."""
     if not emails:
@@ -402,7 +402,7 @@ class ImportResult:
 
 
 async def import_contacts(
-    conn: Any, team_id: UUID, rows: list[ImportRow], segment_id: UUID | None
+    conn: Connection, team_id: UUID, rows: list[ImportRow], segment_id: UUID | None
 ) -> ImportResult:
     """Upsert ``rows`` by email and add them to ``segment_id``: set-based, one
     statement per pass (normally one pass).
@@ -423,7 +423,7 @@ async def import_contacts(
     for _ in range(IMPORT_PASSES):
         if not pending:
             break
-        record = await statement.fetchrow(
+        record = returned(await statement.fetchrow(
             team_id,
             [r.row for r in pending],
             [r.email for r in pending],
@@ -437,7 +437,7 @@ async def import_contacts(
             [r.sms_consent_source for r in pending],
             [r.properties for r in pending],
             segment_id,
-        )
+        ))
         inserted_rows = set(record["inserted"])
         updated_rows = set(record["updated"])
         created += len(inserted_rows)
