@@ -74,6 +74,7 @@ def all_routes() -> list[Route]:
 
 def http_error(error: HTTPException) -> Response:
     status = error.code or 500
+    headers: dict[str, str] = {}
     if status == 404:
         message = f"no route for {request.method} {request.path}"
     elif status == 405:
@@ -81,13 +82,15 @@ def http_error(error: HTTPException) -> Response:
         message = f"method {request.method} is not allowed on {request.path}"
         if allowed:
             message += f"; allowed: {', '.join(allowed)}"
+            # RFC 9110 §15.5.6: a 405 names the methods the resource supports.
+            headers["Allow"] = ", ".join(allowed)
     elif status == 413:
         limit = request.max_content_length
         message = f"request body is larger than the limit of {limit} bytes"
     else:
         message = error.description or error.name
     code = HTTP_CODES.get(status, "INTERNAL_ERROR" if status >= 500 else "BAD_REQUEST")
-    return json_response(status, error_body(code, message))
+    return json_response(status, error_body(code, message), headers)
 
 
 def create_app(service: Service) -> QuartTrio:
