@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tidings.addresses import parse_address
 from tidings.fields import FieldError
-from tidings.http.models import RequestBody
+from tidings.http.models import RequestBody, Resource
 from tidings.http.paging import Paging
 from tidings.rendering import KEY_PATTERN, MAX_KEY_LENGTH, MAX_VARIABLES, Variable, VariableType
 from tidings.storage import templates as store
@@ -132,7 +132,6 @@ class UpdateTemplate(RequestBody):
         return self
 
 
-
 class PublishTemplate(RequestBody):
     version_id: UUID | None = Field(
         None, description="A version of this template; default: the current draft"
@@ -158,13 +157,13 @@ class TemplateQuery(Paging):
 # --- responses ---------------------------------------------------------------------------
 
 
-class VariableOut(BaseModel):
+class VariableOut(Resource):
     key: str
     type: VariableType
     fallback_value: str | int | float | bool | None
 
 
-class TemplateVersionOut(BaseModel):
+class TemplateVersionOut(Resource):
     """An immutable version. Every field is present; those without a value are null."""
 
     object: Literal["template_version"] = "template_version"
@@ -182,28 +181,6 @@ class TemplateVersionOut(BaseModel):
     text: str | None
     based_on_version_id: UUID | None
     change_note: str | None
-
-    @classmethod
-    def of(cls, version: store.TemplateVersion) -> TemplateVersionOut:
-        return cls(
-            id=version.id,
-            team_id=version.team_id,
-            template_id=version.template_id,
-            version_number=version.version_number,
-            subject=version.subject,
-            html=version.html,
-            variables=[
-                VariableOut(key=v.key, type=v.type, fallback_value=v.fallback_value)
-                for v in version.variables
-            ],
-            created_at=version.created_at,
-            from_email=version.from_email,
-            from_name=version.from_name,
-            reply_to_email=version.reply_to_email,
-            text=version.text,
-            based_on_version_id=version.based_on_version_id,
-            change_note=version.change_note,
-        )
 
 
 class TemplateOut(BaseModel):

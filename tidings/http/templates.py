@@ -191,7 +191,7 @@ async def update_template(call: Call, template: str, body: UpdateTemplate) -> Te
 def merged_content(base: store.TemplateVersion, body: UpdateTemplate) -> store.VersionContent:
     """The content of a new version: the body's fields, the rest from ``base``."""
     given = body.model_fields_set
-    carried = base.content
+    carried = base
     if "from_" in given:
         from_email, from_name = (
             parse_from(body.from_) if body.from_ is not None else (None, None)

@@ -198,18 +198,13 @@ class VersionContent:
 
 
 @dataclass(frozen=True)
-class TemplateVersion:
+class TemplateVersion(VersionContent):
+    """A stored version: its content and what names it."""
+
     id: UUID
     team_id: UUID
     template_id: UUID
     version_number: int
-    subject: str
-    html: str
-    text: str | None
-    from_email: str | None
-    from_name: str | None
-    reply_to_email: str | None
-    variables: tuple[Variable, ...]
     based_on_version_id: UUID | None
     change_note: str | None
     created_at: datetime
@@ -219,18 +214,6 @@ class TemplateVersion:
         fields = dict(row)
         fields["variables"] = variables_from_json(fields["variables"])
         return cls(**fields)
-
-    @property
-    def content(self) -> VersionContent:
-        return VersionContent(
-            subject=self.subject,
-            html=self.html,
-            text=self.text,
-            from_email=self.from_email,
-            from_name=self.from_name,
-            reply_to_email=self.reply_to_email,
-            variables=self.variables,
-        )
 
 
 def variables_to_json(variables: tuple[Variable, ...]) -> str:

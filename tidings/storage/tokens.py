@@ -171,7 +171,6 @@ async def find_by_hash(conn: Connection, secret_hash: bytes) -> Token | None:
     return Token.from_row(row)
 
 
-
 async def list_tokens(conn: Connection, team_id: UUID, limit: int, offset: int) -> list[Token]:
     rows = await conn.fetch(SELECT_TEAM_TOKENS, team_id, limit, offset)
     return [Token.from_row(row) for row in rows]

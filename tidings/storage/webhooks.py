@@ -373,7 +373,6 @@ class Claim:
     next_due: datetime | None
 
 
-
 def due_at(delay_parameter: str) -> str:
     """When a delivery is due: its next attempt time, and for a first attempt
     the first wait of the retry schedule after that (events record deliveries
