@@ -21,7 +21,7 @@ from tidings.actors.runtime import Runtime
 from tidings.actors.supervisor import Actor, Supervisor
 from tidings.config import Config
 from tidings.storage import idempotency as records
-from tidings.storage.db import Connection, Database
+from tidings.storage.db import AsyncioConnection, Database
 
 log = logging.getLogger("tidings.idempotency")
 
@@ -86,7 +86,7 @@ class IdempotencyShard(Actor[Begin]):
         message.reply.send(decision)
 
 
-async def decide(conn: Connection, begin: Begin, lock: float, retention: float) -> Decision:
+async def decide(conn: AsyncioConnection, begin: Begin, lock: float, retention: float) -> Decision:
     """Claim the key of ``begin`` or say why not. Runs whole on the storage side."""
     attempt = await records.begin(
         conn, begin.scope, begin.key, begin.fingerprint,
