@@ -28,9 +28,16 @@ from tidings.http import (
     topics,
     webhooks,
 )
-from tidings.http.envelope import ApiError, error_body, error_response, json_response
+from tidings.http.envelope import (
+    ApiError,
+    error_body,
+    error_response,
+    json_response,
+    payment_required,
+)
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes, make_view
+from tidings.storage.quotas import QuotaExceeded
 
 if TYPE_CHECKING:
     from tidings.service import Service
@@ -121,6 +128,10 @@ def create_app(service: Service) -> QuartTrio:
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
         return error_response(error)
+
+    @app.errorhandler(QuotaExceeded)
+    async def quota_exceeded(error: QuotaExceeded) -> Response:
+        return error_response(payment_required(error))
 
     @app.errorhandler(HTTPException)
     async def werkzeug_error(error: HTTPException) -> Response:

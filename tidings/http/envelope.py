@@ -10,6 +10,8 @@ from uuid import UUID
 from pydantic import BaseModel, ValidationError
 from quart import Response
 
+from tidings.storage.quotas import QuotaExceeded
+
 JSON = "application/json"
 
 
@@ -40,6 +42,13 @@ def conflict(message: str) -> ApiError:
 
 def unprocessable(message: str) -> ApiError:
     return ApiError(422, "UNPROCESSABLE_ENTITY", message)
+
+
+def payment_required(exceeded: QuotaExceeded) -> ApiError:
+    """402 for a team quota that a send would pass; ``Retry-After`` says when the
+    quota resets, unless the send is larger than the quota itself."""
+    headers = {} if exceeded.retry_after is None else {"Retry-After": str(exceeded.retry_after)}
+    return ApiError(402, "PAYMENT_REQUIRED", exceeded.message, headers)
 
 
 def rfc3339(moment: datetime) -> str:
