@@ -120,13 +120,17 @@ async def manage_quotas(config: Config, args: argparse.Namespace) -> dict[str, o
     ]
     if args.quotas_command == "set" and not changes:
         raise SystemExit("tidings: quotas set needs at least one --emails-per-* or --sms-per-*")
+    try:
+        team = token_store.check_team_name(args.team)
+    except ValueError as error:
+        raise SystemExit(f"tidings: --team: {error}") from None
     async with open_database(config) as db, db.transaction() as conn:
-        team_id = await quota_store.team_by_name(conn, args.team)
+        team_id = await quota_store.team_by_name(conn, team)
         if team_id is None:
-            raise SystemExit(f"tidings: no team {args.team!r}")
+            raise SystemExit(f"tidings: no team {team!r}")
         await quota_store.set_limits(conn, team_id, changes)
         statuses = await quota_store.quota_status(conn, team_id, config.quotas)
-    shown: dict[str, object] = {"team_id": str(team_id), "team": args.team}
+    shown: dict[str, object] = {"team_id": str(team_id), "team": team}
     for status in statuses:
         name = f"{'emails' if status.channel == 'email' else 'sms'}_per_{status.period}"
         shown[name] = {
@@ -218,6 +222,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.tokens_command == "create":
         if args.expires_in is not None and args.expires_in <= 0:
             raise SystemExit("tidings: --expires-in must be positive")
+        try:
+            args.team = token_store.check_team_name(args.team)
+        except ValueError as error:
+            raise SystemExit(f"tidings: --team: {error}") from None
         print(json.dumps(trio.run(create_token, config, args)), flush=True)
     else:
         print(json.dumps(trio.run(revoke_token, config, args.token_id)), flush=True)

@@ -280,8 +280,11 @@ async def test_cli_set_and_show(db: Database, config: Config) -> None:
     shown = await run("set", "--team", "acme", "--emails-per-day", "default")
     assert shown["emails_per_day"]["limit"] == 100  # type: ignore[index]
     assert shown["emails_per_day"]["used"] == 7  # type: ignore[index]
+    assert (await run("show", "--team", " acme "))["team_id"] == str(team_id)
     with pytest.raises(SystemExit, match="no team 'nobody'"):
         await run("show", "--team", "nobody")
+    with pytest.raises(SystemExit, match="--team: a team name must not contain control"):
+        await run("show", "--team", "ac\x00me")
 
 
 async def test_cli_refuses_set_without_a_limit(db: Database, config: Config) -> None:

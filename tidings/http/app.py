@@ -19,6 +19,7 @@ from tidings.http import (
     contact_import,
     contact_properties,
     contacts,
+    envelope,
     events,
     segments,
     suppressions,
@@ -28,15 +29,10 @@ from tidings.http import (
     topics,
     webhooks,
 )
-from tidings.http.envelope import (
-    ApiError,
-    error_body,
-    error_response,
-    json_response,
-    payment_required,
-)
+from tidings.http.envelope import ApiError, error_body, error_response, json_response
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes, make_view
+from tidings.storage.errors import Duplicate
 from tidings.storage.quotas import QuotaExceeded
 
 if TYPE_CHECKING:
@@ -78,6 +74,7 @@ def all_routes() -> list[Route]:
 
 def http_error(error: HTTPException) -> Response:
     status = error.code or 500
+    headers: dict[str, str] = {}
     if status == 404:
         message = f"no route for {request.method} {request.path}"
     elif status == 405:
@@ -85,13 +82,15 @@ def http_error(error: HTTPException) -> Response:
         message = f"method {request.method} is not allowed on {request.path}"
         if allowed:
             message += f"; allowed: {', '.join(allowed)}"
+            # RFC 9110 §15.5.6: a 405 names the methods the resource supports.
+            headers["Allow"] = ", ".join(allowed)
     elif status == 413:
         limit = request.max_content_length
         message = f"request body is larger than the limit of {limit} bytes"
     else:
         message = error.description or error.name
     code = HTTP_CODES.get(status, "INTERNAL_ERROR" if status >= 500 else "BAD_REQUEST")
-    return json_response(status, error_body(code, message))
+    return json_response(status, error_body(code, message), headers)
 
 
 def create_app(service: Service) -> QuartTrio:
@@ -125,13 +124,12 @@ def create_app(service: Service) -> QuartTrio:
         service.metrics.observe(request.method, rule, response.status_code, elapsed)
         return response
 
+    app.register_error_handler(Duplicate, envelope.duplicate_response)
+    app.register_error_handler(QuotaExceeded, envelope.quota_response)
+
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
         return error_response(error)
-
-    @app.errorhandler(QuotaExceeded)
-    async def quota_exceeded(error: QuotaExceeded) -> Response:
-        return error_response(payment_required(error))
 
     @app.errorhandler(HTTPException)
     async def werkzeug_error(error: HTTPException) -> Response:
