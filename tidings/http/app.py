@@ -21,6 +21,7 @@ from tidings.http import (
     contacts,
     envelope,
     events,
+    openapi,
     segments,
     suppressions,
     system,
@@ -100,6 +101,7 @@ def create_app(service: Service) -> QuartTrio:
         route.max_body_bytes(service.config) for route in all_routes()
     )
     app.url_map.strict_slashes = False
+    app.config[openapi.ROUTES_CONFIG] = all_routes()
     rate_limiter = RateLimiter(
         service.config.rate_limit_per_second, service.config.rate_limit_burst
     )

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from tidings.addresses import normalize_address
 from tidings.fields import FieldError
 from tidings.http.envelope import bad_request, not_found
-from tidings.http.models import ListQuery, RequestBody
+from tidings.http.models import ListQuery, RequestBody, Resource
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.phones import parse_phone
@@ -36,7 +36,7 @@ class CreateSuppression(RequestBody):
     source_message_id: UUID | None = Field(None, description="The message that caused it")
 
 
-class SuppressionOut(BaseModel):
+class SuppressionOut(Resource):
     object: Literal["suppression"] = "suppression"
     id: UUID
     team_id: UUID
@@ -45,18 +45,6 @@ class SuppressionOut(BaseModel):
     reason: Reason
     source_message_id: UUID | None
     created_at: datetime
-
-    @classmethod
-    def of(cls, found: store.Suppression) -> SuppressionOut:
-        return cls(
-            id=found.id,
-            team_id=found.team_id,
-            address=found.address,
-            kind=found.kind,
-            reason=found.reason,
-            source_message_id=found.source_message_id,
-            created_at=found.created_at,
-        )
 
 
 class SuppressionList(BaseModel):

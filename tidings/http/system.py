@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import trio
-from quart import Response
+from quart import Response, current_app
 
 from tidings.http.envelope import ApiError
+from tidings.http.openapi import DOCUMENT_CONFIG, ROUTES_CONFIG, openapi_document
 from tidings.http.routing import Routes
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ async def metrics(service: Service) -> Response:
 
 @routes.route("GET", "/openapi.json", summary="This OpenAPI description", public=True)
 async def openapi(service: Service) -> Response:
-    from tidings.http.openapi import openapi_document
-
-    return Response(openapi_document(), status=200, content_type="application/json")
+    # The routes come from the app: this module is one of the groups they describe.
+    config = current_app.config
+    document = config.get(DOCUMENT_CONFIG)
+    if document is None:
+        document = config[DOCUMENT_CONFIG] = openapi_document(config[ROUTES_CONFIG])
+    return Response(document, status=200, content_type="application/json")

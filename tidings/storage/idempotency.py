@@ -8,8 +8,9 @@ within a process.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID, uuid4
+
+from tidings.storage.connection import Connection
 
 # One round trip: claim the key (new, or its old record past retention), or
 # read the live record that holds it.
@@ -86,7 +87,7 @@ Attempt = Claimed | Completed | Processing
 
 
 async def begin(
-    conn: Any,
+    conn: Connection,
     scope: UUID,
     key: str,
     fingerprint: bytes,
@@ -113,7 +114,7 @@ async def begin(
 
 
 async def complete(
-    conn: Any, scope: UUID, key: str, claim: UUID, status: int, body: bytes
+    conn: Connection, scope: UUID, key: str, claim: UUID, status: int, body: bytes
 ) -> bool:
     """Store the response. False if the claim was lost (its lock expired and
     it was dropped): the caller must roll back."""
@@ -121,16 +122,16 @@ async def complete(
     return result == "UPDATE 1"
 
 
-async def release(conn: Any, scope: UUID, key: str, claim: UUID) -> None:
+async def release(conn: Connection, scope: UUID, key: str, claim: UUID) -> None:
     """Forget a claim whose request failed, so a retry runs again."""
     await conn.execute(RELEASE, scope, key, claim)
 
 
-async def drop_expired_lock(conn: Any, scope: UUID, key: str) -> None:
+async def drop_expired_lock(conn: Connection, scope: UUID, key: str) -> None:
     await conn.execute(DROP_EXPIRED_LOCK, scope, key)
 
 
-async def sweep(conn: Any, batch: int = 5000) -> int:
+async def sweep(conn: Connection, batch: int = 5000) -> int:
     """Delete records past their retention, ``batch`` at a time; return how many."""
     total = 0
     while True:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+
+from tidings.storage.connection import Connection
 
 # "tidi" in ASCII: the advisory lock every Tidings process takes to migrate.
 MIGRATION_LOCK = 0x74696469
@@ -46,7 +47,7 @@ def load_migrations() -> list[Migration]:
     return found
 
 
-async def migrate(conn: Any) -> list[str]:
+async def migrate(conn: Connection) -> list[str]:
     """Apply the migrations this database lacks; return their names.
 
     Each migration commits on its own. Cancelled midway, the database holds
