@@ -175,6 +175,32 @@ def _http_url(env: Mapping[str, str], name: str, default: str) -> str:
     return raw.rstrip("/")
 
 
+@dataclass(frozen=True)
+class QuotaDefaults:
+    """Every team's limits per UTC day and month unless the team has its own
+    (``tidings quotas set``). 0 means unlimited."""
+
+    emails_per_day: int = 0
+    emails_per_month: int = 0
+    sms_per_day: int = 0
+    sms_per_month: int = 0
+
+    def for_channel(self, channel: str) -> tuple[int, int]:
+        """The (per day, per month) limits of ``email`` or ``sms``."""
+        if channel == "email":
+            return self.emails_per_day, self.emails_per_month
+        return self.sms_per_day, self.sms_per_month
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> QuotaDefaults:
+        return cls(
+            emails_per_day=_int(env, "TIDINGS_QUOTA_EMAILS_PER_DAY", 0),
+            emails_per_month=_int(env, "TIDINGS_QUOTA_EMAILS_PER_MONTH", 0),
+            sms_per_day=_int(env, "TIDINGS_QUOTA_SMS_PER_DAY", 0),
+            sms_per_month=_int(env, "TIDINGS_QUOTA_SMS_PER_MONTH", 0),
+        )
+
+
 def _check_providers(config: Config) -> Config:
     """The chosen providers have what they need."""
     if config.email_provider == "smtp" and config.smtp_url is None:
@@ -232,6 +258,7 @@ class Config:
     twilio_api_url: str = "https://api.twilio.com"
     # Unsubscribe links and provider callbacks are built on it.
     public_url: str = "http://127.0.0.1:8080"
+    quotas: QuotaDefaults = QuotaDefaults()
 
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
@@ -271,6 +298,7 @@ class Config:
             twilio_auth_token=(env.get("TWILIO_AUTH_TOKEN") or "").strip() or None,
             twilio_api_url=_http_url(env, "TIDINGS_TWILIO_API_URL", "https://api.twilio.com"),
             public_url=_http_url(env, "TIDINGS_PUBLIC_URL", "http://127.0.0.1:8080"),
+            quotas=QuotaDefaults.from_env(env),
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
         ))
 

@@ -136,3 +136,13 @@ def test_serve_stops_at_start_with_one_line() -> None:
     assert done.returncode == 1
     assert done.stderr == "tidings: TIDINGS_SMS_PROVIDER=twilio needs TWILIO_AUTH_TOKEN\n"
     assert done.stdout == ""
+
+
+def test_quota_defaults() -> None:
+    assert Config.from_env({}).quotas.for_channel("email") == (0, 0)
+    quotas = Config.from_env(
+        {"TIDINGS_QUOTA_EMAILS_PER_DAY": "100", "TIDINGS_QUOTA_SMS_PER_MONTH": "5000"}
+    ).quotas
+    assert (quotas.for_channel("email"), quotas.for_channel("sms")) == ((100, 0), (0, 5000))
+    with pytest.raises(SettingError, match="TIDINGS_QUOTA_SMS_PER_DAY must be at least 0"):
+        Config.from_env({"TIDINGS_QUOTA_SMS_PER_DAY": "-1"})

@@ -34,6 +34,7 @@ from tidings.http.envelope import ApiError, error_body, error_response, json_res
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes, make_view
 from tidings.storage.errors import Duplicate
+from tidings.storage.quotas import QuotaExceeded
 
 if TYPE_CHECKING:
     from tidings.service import Service
@@ -126,6 +127,7 @@ def create_app(service: Service) -> QuartTrio:
         return response
 
     app.register_error_handler(Duplicate, envelope.duplicate_response)
+    app.register_error_handler(QuotaExceeded, envelope.quota_response)
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:

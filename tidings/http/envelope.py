@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from quart import Response
 
 from tidings.storage.errors import Duplicate
+from tidings.storage.quotas import QuotaExceeded
 
 JSON = "application/json"
 
@@ -43,6 +44,19 @@ def conflict(message: str) -> ApiError:
 
 def unprocessable(message: str) -> ApiError:
     return ApiError(422, "UNPROCESSABLE_ENTITY", message)
+
+
+def payment_required(exceeded: QuotaExceeded) -> ApiError:
+    """402 for a team quota that a send would pass; ``Retry-After`` says when the
+    quota resets, unless the send is larger than the quota itself."""
+    headers = {} if exceeded.retry_after is None else {"Retry-After": str(exceeded.retry_after)}
+    return ApiError(402, "PAYMENT_REQUIRED", exceeded.message, headers)
+
+
+async def quota_response(exceeded: QuotaExceeded) -> Response:
+    """The answer to a send that a team quota refused, whichever route made it.
+    Registered with the app for every route."""
+    return error_response(payment_required(exceeded))
 
 
 async def duplicate_response(duplicate: Duplicate) -> Response:
