@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
@@ -63,6 +65,25 @@ def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> 
     return values
 
 
+def _secret_key(env: Mapping[str, str], name: str) -> bytes | None:
+    """32 bytes given as 64 hex digits or as base64; None when unset."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return None
+    try:
+        key = bytes.fromhex(raw) if len(raw) == 64 else base64.b64decode(
+            raw.replace("-", "+").replace("_", "/") + "=" * (-len(raw) % 4), validate=True
+        )
+    except (ValueError, binascii.Error):
+        key = b""
+    if len(key) != 32:
+        raise SettingError(
+            f"{name} must be 32 bytes as 64 hex digits or base64 "
+            "(e.g. the output of: python -c 'import secrets; print(secrets.token_hex(32))')"
+        )
+    return key
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything the service reads from its environment."""
@@ -82,6 +103,8 @@ class Config:
     idempotency_lock_seconds: int = 30
     idempotency_shards: int = 16
     idempotency_sweep_seconds: float = 60.0
+    # Seals stored responses that carry secrets (tidings/sealing.py).
+    secret_key: bytes | None = field(default=None, repr=False)
 
     webhook_auto_disable_after: int = 20
     webhook_retry_schedule: tuple[float, ...] = (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
@@ -115,6 +138,7 @@ class Config:
                 env, "IDEMPOTENCY_RETENTION_SECONDS", 86400, minimum=1
             ),
             idempotency_lock_seconds=_int(env, "IDEMPOTENCY_LOCK_SECONDS", 30, minimum=1),
+            secret_key=_secret_key(env, "TIDINGS_SECRET_KEY"),
             webhook_auto_disable_after=_int(
                 env, "WEBHOOK_DELIVERY_AUTO_DISABLE_AFTER", 20, minimum=1
             ),
