@@ -98,6 +98,10 @@ class Config:
     # Per-token requests per second (token bucket); 0 disables the limit.
     rate_limit_per_second: float = 100.0
     rate_limit_burst: int = 200
+    # Load shedding (tidings/http/shedding.py): requests handled at once, and
+    # requests that may wait for a pooled connection; beyond them, 503.
+    max_in_flight: int = 64
+    max_db_waiters: int = 10
 
     idempotency_retention_seconds: int = 86400
     idempotency_lock_seconds: int = 30
@@ -134,6 +138,8 @@ class Config:
             ),
             rate_limit_per_second=_float(env, "TIDINGS_RATE_LIMIT_PER_SECOND", 100.0),
             rate_limit_burst=_int(env, "TIDINGS_RATE_LIMIT_BURST", 200, minimum=1),
+            max_in_flight=_int(env, "TIDINGS_MAX_IN_FLIGHT", 64, minimum=1),
+            max_db_waiters=_int(env, "TIDINGS_MAX_DB_WAITERS", 10, minimum=0),
             idempotency_retention_seconds=_int(
                 env, "IDEMPOTENCY_RETENTION_SECONDS", 86400, minimum=1
             ),
