@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from bench import api, importing, render, webhooks
+from bench import api, importing, overload, render, webhooks
 from bench.harness import HarnessError, log
 
 
@@ -28,6 +28,7 @@ class Benchmark(Protocol):
 BENCHMARKS: dict[str, Benchmark] = {
     "api": api,
     "import": importing,
+    "overload": overload,
     "render": render,
     "webhooks": webhooks,
 }

@@ -17,6 +17,7 @@ from tidings import importing
 from tidings.app import serve
 from tidings.config import Config, SettingError
 from tidings.permissions import ALL_PERMISSIONS, unknown_permissions
+from tidings.storage import quotas as quota_store
 from tidings.storage import tokens as token_store
 from tidings.storage.db import open_database
 
@@ -88,6 +89,59 @@ async def revoke_token(config: Config, token_id: UUID) -> dict[str, str]:
     return {"token_id": str(token.id), "revoked_at": token.revoked_at.isoformat()}
 
 
+QUOTA_OPTIONS: tuple[tuple[str, quota_store.Channel, quota_store.Period], ...] = (
+    ("emails_per_day", "email", "day"),
+    ("emails_per_month", "email", "month"),
+    ("sms_per_day", "sms", "day"),
+    ("sms_per_month", "sms", "month"),
+)
+
+
+def quota_limit(raw: str) -> int | None:
+    """A quota option's value: N >= 0 (0: unlimited) or ``default`` (None)."""
+    if raw.strip().lower() == "default":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        message = f"must be a whole number or 'default', not {raw!r}"
+        raise argparse.ArgumentTypeError(message) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (unlimited) or more, not {value}")
+    return value
+
+
+async def manage_quotas(config: Config, args: argparse.Namespace) -> dict[str, object]:
+    """``quotas set`` and ``quotas show``: the team's quotas after any change."""
+    changes = [
+        quota_store.LimitChange(channel, period, getattr(args, option))
+        for option, channel, period in QUOTA_OPTIONS
+        if getattr(args, option, False) is not False
+    ]
+    if args.quotas_command == "set" and not changes:
+        raise SystemExit("tidings: quotas set needs at least one --emails-per-* or --sms-per-*")
+    try:
+        team = token_store.check_team_name(args.team)
+    except ValueError as error:
+        raise SystemExit(f"tidings: --team: {error}") from None
+    async with open_database(config) as db, db.transaction() as conn:
+        team_id = await quota_store.team_by_name(conn, team)
+        if team_id is None:
+            raise SystemExit(f"tidings: no team {team!r}")
+        await quota_store.set_limits(conn, team_id, changes)
+        statuses = await quota_store.quota_status(conn, team_id, config.quotas)
+    shown: dict[str, object] = {"team_id": str(team_id), "team": team}
+    for status in statuses:
+        name = f"{'emails' if status.channel == 'email' else 'sms'}_per_{status.period}"
+        shown[name] = {
+            "limit": status.limit,
+            "default": status.default,
+            "used": status.used,
+            "resets_at": status.resets_at.isoformat().replace("+00:00", "Z"),
+        }
+    return shown
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="tidings", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
@@ -126,6 +180,21 @@ def parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=importing.MAX_ROWS, metavar="ROWS",
         help=f"rows per request (at most {importing.MAX_ROWS}, the service's limit)",
     )
+    quotas = commands.add_parser("quotas", help="a team's limits on emails and SMS")
+    quota_commands = quotas.add_subparsers(dest="quotas_command", required=True)
+    set_quotas = quota_commands.add_parser(
+        "set", help="set some of a team's quotas; prints its quotas as one line of JSON"
+    )
+    show_quotas = quota_commands.add_parser(
+        "show", help="print a team's quotas, their use and resets as one line of JSON"
+    )
+    for command in (set_quotas, show_quotas):
+        command.add_argument("--team", required=True, help="team name")
+    for option, _channel, _period in QUOTA_OPTIONS:
+        set_quotas.add_argument(
+            "--" + option.replace("_", "-"), type=quota_limit, default=False, metavar="N",
+            help="a limit per UTC day or month; 0: unlimited; 'default': the setting's",
+        )
     return top
 
 
@@ -148,9 +217,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(json.dumps(report), flush=True)
     elif args.command == "serve":
         trio.run(run_until_signal, config, args.host, args.port)
+    elif args.command == "quotas":
+        print(json.dumps(trio.run(manage_quotas, config, args)), flush=True)
     elif args.tokens_command == "create":
         if args.expires_in is not None and args.expires_in <= 0:
             raise SystemExit("tidings: --expires-in must be positive")
+        try:
+            args.team = token_store.check_team_name(args.team)
+        except ValueError as error:
+            raise SystemExit(f"tidings: --team: {error}") from None
         print(json.dumps(trio.run(create_token, config, args)), flush=True)
     else:
         print(json.dumps(trio.run(revoke_token, config, args.token_id)), flush=True)

@@ -92,10 +92,7 @@ async def test_rows_past_retention_are_deleted_in_batches_and_newer_ones_kept(
         ) == 0
 
         # Nothing more is past retention: a second sweep deletes nothing.
-        async def everything(conn: Any) -> list[int]:
-            return [await sweep.delete(conn) for sweep in sweeps(config)]
-
-        assert await db.run(everything) == [0, 0, 0]
+        assert [await sweep.delete(db) for sweep in sweeps(config)] == [0, 0, 0]
 
 
 async def test_the_sweeper_runs_each_sweep_on_its_own_interval(autojump_clock: Any) -> None:
@@ -105,18 +102,14 @@ async def test_the_sweeper_runs_each_sweep_on_its_own_interval(autojump_clock: A
         def __init__(self, name: str) -> None:
             self.name = name
 
-        async def __call__(self, conn: Any) -> int:
+        async def __call__(self, db: Any) -> int:
             calls.append((self.name, autojump_clock.current_time()))
             return 0
-
-    class Direct:
-        async def run(self, unit: Any, *args: Any) -> Any:
-            return await unit(None, *args)
 
 
 
     sweeper = RetentionSweeper(
-        Direct(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
         [Sweep("fast", 60, Counting("fast")), Sweep("slow", 300, Counting("slow"))],
     )
     with trio.move_on_after(601):

@@ -20,7 +20,6 @@ import trio
 from tidings.config import Config
 from tidings.storage import retention as store
 from tidings.storage.db import Database
-from tidings.storage.rows import Queries
 
 log = logging.getLogger("tidings.retention")
 
@@ -31,21 +30,21 @@ class Sweep:
 
     name: str
     every: float
-    delete: Callable[[Queries], Awaitable[int]]
+    delete: Callable[[Database], Awaitable[int]]
 
 
 def sweeps(config: Config) -> list[Sweep]:
     batch = config.retention_batch_size
 
-    async def idempotency(conn: Queries) -> int:
-        return await store.delete_idempotency_records(conn, batch)
+    async def idempotency(db: Database) -> int:
+        return await db.run(store.delete_idempotency_records, batch)
 
-    async def events(conn: Queries) -> int:
-        return await store.delete_events(conn, config.event_retention_seconds, batch)
+    async def events(db: Database) -> int:
+        return await db.run(store.delete_events, config.event_retention_seconds, batch)
 
-    async def deliveries(conn: Queries) -> int:
-        return await store.delete_deliveries(
-            conn, config.webhook_delivery_retention_seconds, batch
+    async def deliveries(db: Database) -> int:
+        return await db.run(
+            store.delete_deliveries, config.webhook_delivery_retention_seconds, batch
         )
 
     return [
@@ -67,7 +66,7 @@ class RetentionSweeper:
         while True:
             for sweep in self._sweeps:
                 if due[sweep.name] <= trio.current_time():
-                    removed = await self._db.run(sweep.delete)
+                    removed = await sweep.delete(self._db)
                     if removed:
                         log.info("removed %d %s past their retention", removed, sweep.name)
                     due[sweep.name] = trio.current_time() + sweep.every

@@ -19,7 +19,9 @@ from tidings.http import (
     contact_import,
     contact_properties,
     contacts,
+    envelope,
     events,
+    openapi,
     segments,
     suppressions,
     system,
@@ -31,6 +33,9 @@ from tidings.http import (
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes, make_view
+from tidings.http.shedding import Shedder
+from tidings.storage.errors import Duplicate
+from tidings.storage.quotas import QuotaExceeded
 
 if TYPE_CHECKING:
     from tidings.service import Service
@@ -71,6 +76,7 @@ def all_routes() -> list[Route]:
 
 def http_error(error: HTTPException) -> Response:
     status = error.code or 500
+    headers: dict[str, str] = {}
     if status == 404:
         message = f"no route for {request.method} {request.path}"
     elif status == 405:
@@ -78,13 +84,15 @@ def http_error(error: HTTPException) -> Response:
         message = f"method {request.method} is not allowed on {request.path}"
         if allowed:
             message += f"; allowed: {', '.join(allowed)}"
+            # RFC 9110 §15.5.6: a 405 names the methods the resource supports.
+            headers["Allow"] = ", ".join(allowed)
     elif status == 413:
         limit = request.max_content_length
         message = f"request body is larger than the limit of {limit} bytes"
     else:
         message = error.description or error.name
     code = HTTP_CODES.get(status, "INTERNAL_ERROR" if status >= 500 else "BAD_REQUEST")
-    return json_response(status, error_body(code, message))
+    return json_response(status, error_body(code, message), headers)
 
 
 def create_app(service: Service) -> QuartTrio:
@@ -94,6 +102,7 @@ def create_app(service: Service) -> QuartTrio:
         route.max_body_bytes(service.config) for route in all_routes()
     )
     app.url_map.strict_slashes = False
+    app.config[openapi.ROUTES_CONFIG] = all_routes()
     rate_limiter = RateLimiter(
         service.config.rate_limit_per_second, service.config.rate_limit_burst
     )
@@ -118,6 +127,9 @@ def create_app(service: Service) -> QuartTrio:
         service.metrics.observe(request.method, rule, response.status_code, elapsed)
         return response
 
+    app.register_error_handler(Duplicate, envelope.duplicate_response)
+    app.register_error_handler(QuotaExceeded, envelope.quota_response)
+
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
         return error_response(error)
@@ -133,4 +145,12 @@ def create_app(service: Service) -> QuartTrio:
             500, error_body("INTERNAL_ERROR", "internal error; the details are in the server log")
         )
 
+    # Sheds load before Quart does any work for a request (the ASGI
+    # middleware idiom: hypercorn calls app(), which calls app.asgi_app).
+    app.asgi_app = Shedder(  # type: ignore[method-assign]
+        app.asgi_app,
+        max_in_flight=service.config.max_in_flight,
+        max_storage=service.config.db_pool_size + service.config.max_db_waiters,
+        on_shed=lambda method: service.metrics.observe(method, "(shed)", 503, 0.0),
+    )
     return app

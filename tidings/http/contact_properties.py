@@ -13,14 +13,14 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field, field_validator
 
-from tidings.http.contact_fields import FieldError, check_property_value
-from tidings.http.envelope import bad_request, conflict, not_found
-from tidings.http.models import RequestBody
+from tidings.fields import FieldError
+from tidings.http.contact_fields import check_property_value
+from tidings.http.envelope import bad_request, not_found
+from tidings.http.models import RequestBody, Resource
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import contact_properties as store
 from tidings.storage.contact_properties import PropertyType
-from tidings.storage.errors import Duplicate
 
 routes = Routes("Contact properties")
 
@@ -57,7 +57,7 @@ class UpdateProperty(RequestBody):
     fallback_value: Any = Field(description=FALLBACK)
 
 
-class PropertyOut(BaseModel):
+class PropertyOut(Resource):
     object: Literal["contact_property"] = "contact_property"
     id: UUID
     team_id: UUID
@@ -66,18 +66,6 @@ class PropertyOut(BaseModel):
     fallback_value: Any
     created_at: datetime
     updated_at: datetime
-
-    @classmethod
-    def of(cls, found: store.ContactProperty) -> PropertyOut:
-        return cls(
-            id=found.id,
-            team_id=found.team_id,
-            key=found.key,
-            type=found.type,
-            fallback_value=found.fallback_value,
-            created_at=found.created_at,
-            updated_at=found.updated_at,
-        )
 
 
 class PropertyList(BaseModel):
@@ -101,12 +89,9 @@ def checked_fallback(kind: PropertyType, value: Any) -> Any:
 )
 async def create_property(call: Call, body: CreateProperty) -> PropertyOut:
     fallback = checked_fallback(body.type, body.fallback_value)
-    try:
-        created = await store.create_property(
-            call.conn, call.team_id, body.key, body.type, fallback
-        )
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    created = await store.create_property(
+        call.conn, call.team_id, body.key, body.type, fallback
+    )
     return PropertyOut.of(created)
 
 

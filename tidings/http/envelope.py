@@ -1,4 +1,5 @@
-"""The success and error envelopes, and the error every handler raises."""
+"""The success and error envelopes, the error every handler raises, and the
+answer to a storage ``Duplicate``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from uuid import UUID
 
 from pydantic import BaseModel, ValidationError
 from quart import Response
+
+from tidings.storage.errors import Duplicate
+from tidings.storage.quotas import QuotaExceeded
 
 JSON = "application/json"
 
@@ -40,6 +44,25 @@ def conflict(message: str) -> ApiError:
 
 def unprocessable(message: str) -> ApiError:
     return ApiError(422, "UNPROCESSABLE_ENTITY", message)
+
+
+def payment_required(exceeded: QuotaExceeded) -> ApiError:
+    """402 for a team quota that a send would pass; ``Retry-After`` says when the
+    quota resets, unless the send is larger than the quota itself."""
+    headers = {} if exceeded.retry_after is None else {"Retry-After": str(exceeded.retry_after)}
+    return ApiError(402, "PAYMENT_REQUIRED", exceeded.message, headers)
+
+
+async def quota_response(exceeded: QuotaExceeded) -> Response:
+    """The answer to a send that a team quota refused, whichever route made it.
+    Registered with the app for every route."""
+    return error_response(payment_required(exceeded))
+
+
+async def duplicate_response(duplicate: Duplicate) -> Response:
+    """The one answer to a unique value taken already, whichever route hit it:
+    409 naming the field. Registered with the app for every route."""
+    return error_response(conflict(f"{duplicate.field}: {duplicate.message}"))
 
 
 def rfc3339(moment: datetime) -> str:

@@ -3,8 +3,8 @@ same pydantic models that validate requests."""
 
 from __future__ import annotations
 
-import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -172,8 +172,10 @@ def build(routes: list[Route]) -> dict[str, Any]:
     }
 
 
-@functools.cache
-def openapi_document() -> bytes:
-    from tidings.http.app import all_routes
+# Where the app keeps its routes (set by ``create_app``) and the document made of them.
+ROUTES_CONFIG = "TIDINGS_ROUTES"
+DOCUMENT_CONFIG = "TIDINGS_OPENAPI_DOCUMENT"
 
-    return json.dumps(build(all_routes()), indent=1).encode()
+
+def openapi_document(routes: Sequence[Route]) -> bytes:
+    return json.dumps(build(list(routes)), indent=1).encode()

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from tidings.http.contacts import CONTACT_REF, ContactList, find_contact_id, out
 from tidings.http.envelope import ApiError, not_found
-from tidings.http.models import RequestBody
+from tidings.http.models import RequestBody, Resource
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import segments as store
@@ -26,7 +26,7 @@ class CreateSegment(RequestBody):
     name: str = Field(min_length=1, max_length=100)
 
 
-class SegmentOut(BaseModel):
+class SegmentOut(Resource):
     object: Literal["segment"] = "segment"
     id: UUID
     team_id: UUID
@@ -35,17 +35,6 @@ class SegmentOut(BaseModel):
     created_at: datetime
     updated_at: datetime
 
-    @classmethod
-    def of(cls, segment: store.Segment) -> SegmentOut:
-        return cls(
-            id=segment.id,
-            team_id=segment.team_id,
-            name=segment.name,
-            contact_count=segment.contact_count,
-            created_at=segment.created_at,
-            updated_at=segment.updated_at,
-        )
-
 
 class SegmentList(BaseModel):
     object: Literal["list"] = "list"
@@ -53,7 +42,7 @@ class SegmentList(BaseModel):
     has_more: bool
 
 
-class MembershipOut(BaseModel):
+class MembershipOut(Resource):
     """A segment a contact belongs to: the segment's id, team, name and
     creation time, and when the contact was added to it."""
 
@@ -62,16 +51,6 @@ class MembershipOut(BaseModel):
     name: str
     created_at: datetime = Field(description="When the segment was created")
     assigned_at: datetime = Field(description="When the contact was added to the segment")
-
-    @classmethod
-    def of(cls, membership: store.Membership) -> MembershipOut:
-        return cls(
-            id=membership.id,
-            team_id=membership.team_id,
-            name=membership.name,
-            created_at=membership.created_at,
-            assigned_at=membership.assigned_at,
-        )
 
 
 class MembershipList(BaseModel):

@@ -3,322 +3,41 @@
 Every ``{template}`` in a path is the template's id or its alias. A change
 (PATCH), of the content or of the template's name, alias or category, never
 edits a version: it adds one based on the current draft.
-Decisions are written up in docs/templates.md.
+Decisions are written up in docs/templates.md; the bodies are in
+``tidings.http.template_models``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from email import errors as email_errors
-from email.headerregistry import HeaderRegistry
-from typing import Any, Literal, Self
+from typing import Any
 from uuid import UUID
 
-from email_validator import EmailNotValidError, validate_email
-from pydantic import BaseModel, Field, field_validator, model_validator
-
-from tidings.http.envelope import ApiError, bad_request, conflict, not_found
-from tidings.http.models import RequestBody
+from tidings.addresses import parse_mailbox
+from tidings.fields import FieldError
+from tidings.http.envelope import bad_request, not_found, unprocessable
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
-from tidings.rendering import (
-    KEY_PATTERN,
-    MAX_KEY_LENGTH,
-    MAX_VARIABLES,
-    RenderError,
-    TemplateError,
-    Variable,
-    VariableType,
-    compile_template,
-    render,
+from tidings.http.template_models import (
+    MAX_ALIAS_LENGTH,
+    CreateTemplate,
+    PublishTemplate,
+    RenderedTemplate,
+    RenderTemplate,
+    TemplateCreated,
+    TemplateDetail,
+    TemplateList,
+    TemplateOut,
+    TemplateQuery,
+    TemplateVersionOut,
+    UpdateTemplate,
+    VersionList,
 )
+from tidings.rendering import RenderError, TemplateError, Variable, compile_template, render
 from tidings.storage import templates as store
-from tidings.storage.errors import Duplicate
 
 routes = Routes("Templates")
 
-Category = Literal["otp", "welcome", "receipt", "alert", "notification", "custom"]
-ALIAS_PATTERN = r"^[A-Za-z0-9_-]+$"
-MAX_ALIAS_LENGTH = 100
-MAX_FROM_LENGTH = 255
 TEMPLATE_PATH: dict[str, type] = {"template": str}
-
-_HEADERS = HeaderRegistry()
-
-
-# --- request bodies -------------------------------------------------------------------
-
-
-class VariableIn(RequestBody):
-    key: str = Field(
-        min_length=1, max_length=MAX_KEY_LENGTH, pattern=KEY_PATTERN,
-        description="Written {{{key}}} in the subject, html and text; unique in a version",
-    )
-    type: VariableType
-    fallback_value: str | int | float | bool | None = Field(
-        None,
-        description="Of the variable's type; used when a render supplies no value. "
-        "null: a value must be supplied",
-    )
-
-    def variable(self) -> Variable:
-        return Variable(key=self.key, type=self.type, fallback_value=self.fallback_value)
-
-
-def _alias_is_not_a_uuid(value: str | None) -> str | None:
-    if value is not None:
-        try:
-            UUID(value)
-        except ValueError:
-            return value
-        raise ValueError("must not have the form of a UUID: ids and aliases share the paths")
-    return value
-
-
-def _email_address(value: str | None) -> str | None:
-    """One bare email address (syntax only, no DNS), normalized; a display name or
-    a comment is refused, since only the address is kept."""
-    if value is None:
-        return value
-    try:
-        return validate_email(value, check_deliverability=False).normalized
-    except EmailNotValidError as error:
-        raise ValueError(
-            f"must be one email address, without a display name or comment: {error}"
-        ) from None
-
-
-def _one_line(value: str | None) -> str | None:
-    if value is not None and ("\n" in value or "\r" in value):
-        raise ValueError("must not contain line breaks")
-    return value
-
-
-class CreateTemplate(RequestBody):
-    name: str = Field(min_length=1, max_length=100)
-    alias: str | None = Field(
-        None, min_length=1, max_length=MAX_ALIAS_LENGTH, pattern=ALIAS_PATTERN,
-        description="Unique in the team; usable wherever the template's id is",
-    )
-    category: Category | None = None
-    from_: str | None = Field(
-        None, alias="from", max_length=MAX_FROM_LENGTH,
-        description="An email address, optionally with a display name: 'Acme <hi@acme.com>'",
-    )
-    reply_to: str | None = Field(
-        None, max_length=320, json_schema_extra={"format": "email"},
-        description="One email address, without a display name: 'help@acme.com'",
-    )
-    subject: str = Field(min_length=1, description="One line; may hold placeholders")
-    html: str = Field(min_length=1, description="May hold placeholders: {{{key}}}")
-    text: str | None = Field(
-        None, min_length=1,
-        description="May hold placeholders; without it a text part is derived from the html",
-    )
-    variables: list[VariableIn] = Field(default_factory=list, max_length=MAX_VARIABLES)
-
-    check_alias = field_validator("alias")(_alias_is_not_a_uuid)
-    check_subject = field_validator("subject")(_one_line)
-    check_reply_to = field_validator("reply_to")(_email_address)
-
-
-class UpdateTemplate(RequestBody):
-    """Fields not given are kept; ``null`` clears an optional one. ``name``,
-    ``subject``, ``html`` and ``variables`` may be changed, not cleared."""
-
-    name: str | None = Field(None, min_length=1, max_length=100)
-    alias: str | None = Field(
-        None, min_length=1, max_length=MAX_ALIAS_LENGTH, pattern=ALIAS_PATTERN
-    )
-    category: Category | None = None
-    from_: str | None = Field(None, alias="from", max_length=MAX_FROM_LENGTH)
-    reply_to: str | None = Field(None, max_length=320, json_schema_extra={"format": "email"})
-    subject: str | None = Field(None, min_length=1)
-    html: str | None = Field(None, min_length=1)
-    text: str | None = Field(None, min_length=1)
-    variables: list[VariableIn] | None = Field(None, max_length=MAX_VARIABLES)
-    change_note: str | None = Field(
-        None, min_length=1, max_length=500, description="Kept on the new version"
-    )
-
-    check_alias = field_validator("alias")(_alias_is_not_a_uuid)
-    check_subject = field_validator("subject")(_one_line)
-    check_reply_to = field_validator("reply_to")(_email_address)
-
-    @field_validator("name", "subject", "html", "variables")
-    @classmethod
-    def not_null(cls, value: Any) -> Any:
-        if value is None:
-            raise ValueError("must not be null: it may be changed, not removed")
-        return value
-
-    @model_validator(mode="after")
-    def not_empty(self) -> Self:
-        if not self.model_fields_set:
-            raise ValueError("nothing to change: send at least one field")
-        return self
-
-
-
-class PublishTemplate(RequestBody):
-    version_id: UUID | None = Field(
-        None, description="A version of this template; default: the current draft"
-    )
-
-
-class RenderTemplate(RequestBody):
-    variables: dict[str, Any] = Field(default_factory=dict)
-    version_id: UUID | None = Field(
-        None, description="A version of this template; default: the published one, "
-        "else the current draft",
-    )
-
-
-class TemplateQuery(Paging):
-    category: Category | None = None
-    search: str | None = Field(
-        None, min_length=1, max_length=100,
-        description="Case-insensitive part of the name or the alias",
-    )
-
-    @field_validator("search")
-    @classmethod
-    def no_nul(cls, value: str | None) -> str | None:
-        if value is not None and "\x00" in value:
-            raise ValueError("must not contain NUL characters (\\u0000)")
-        return value
-
-
-# --- responses ---------------------------------------------------------------------------
-
-
-class VariableOut(BaseModel):
-    key: str
-    type: VariableType
-    fallback_value: str | int | float | bool | None
-
-
-class TemplateVersionOut(BaseModel):
-    """An immutable version. Every field is present; those without a value are null."""
-
-    object: Literal["template_version"] = "template_version"
-    id: UUID
-    team_id: UUID
-    template_id: UUID
-    version_number: int
-    subject: str
-    html: str
-    variables: list[VariableOut]
-    created_at: datetime
-    from_email: str | None
-    from_name: str | None
-    reply_to_email: str | None
-    text: str | None
-    based_on_version_id: UUID | None
-    change_note: str | None
-
-    @classmethod
-    def of(cls, version: store.TemplateVersion) -> TemplateVersionOut:
-        return cls(
-            id=version.id,
-            team_id=version.team_id,
-            template_id=version.template_id,
-            version_number=version.version_number,
-            subject=version.subject,
-            html=version.html,
-            variables=[
-                VariableOut(key=v.key, type=v.type, fallback_value=v.fallback_value)
-                for v in version.variables
-            ],
-            created_at=version.created_at,
-            from_email=version.from_email,
-            from_name=version.from_name,
-            reply_to_email=version.reply_to_email,
-            text=version.text,
-            based_on_version_id=version.based_on_version_id,
-            change_note=version.change_note,
-        )
-
-
-class TemplateOut(BaseModel):
-    """A template: its own fields and which of its versions are current and published."""
-
-    object: Literal["template"] = "template"
-    id: UUID
-    team_id: UUID
-    name: str
-    alias: str | None
-    category: Category | None
-    status: Literal["draft", "published"] = Field(
-        description="published once any version has been published"
-    )
-    current_version_id: UUID = Field(description="The current draft: the newest version")
-    current_version_number: int
-    published_version_id: UUID | None = Field(description="The version sends use")
-    published_version_number: int | None
-    published_at: datetime | None
-    has_unpublished_changes: bool = Field(
-        description="The current draft is not the published version"
-    )
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def fields_of(cls, template: store.Template) -> dict[str, Any]:
-        return {
-            "id": template.id,
-            "team_id": template.team_id,
-            "name": template.name,
-            "alias": template.alias,
-            "category": template.category,
-            "status": "draft" if template.published_version_id is None else "published",
-            "current_version_id": template.current_version_id,
-            "current_version_number": template.current_version_number,
-            "published_version_id": template.published_version_id,
-            "published_version_number": template.published_version_number,
-            "published_at": template.published_at,
-            "has_unpublished_changes": (
-                template.current_version_id != template.published_version_id
-            ),
-            "created_at": template.created_at,
-            "updated_at": template.updated_at,
-        }
-
-    @classmethod
-    def of(cls, template: store.Template) -> TemplateOut:
-        return cls(**cls.fields_of(template))
-
-
-class TemplateDetail(TemplateOut):
-    """A template with its current draft and its published version in full."""
-
-    current_version: TemplateVersionOut
-    published_version: TemplateVersionOut | None
-
-
-class TemplateCreated(BaseModel):
-    object: Literal["template"] = "template"
-    id: UUID
-
-
-class TemplateList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[TemplateOut]
-    has_more: bool
-
-
-class VersionList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[TemplateVersionOut]
-    has_more: bool
-
-
-class RenderedTemplate(BaseModel):
-    subject: str = Field(description="The version's subject, values filled in")
-    html: str
-    text: str = Field(description="The version's text part, or one derived from its html")
-    version_id: UUID = Field(description="The version rendered")
-    version_number: int
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -341,49 +60,11 @@ def _is_alias(value: str) -> bool:
 
 def parse_from(value: str) -> tuple[str, str | None]:
     """The address and display name of a ``from`` value, or 400 naming ``from``."""
-    reason = "must be an email address, optionally with a display name: 'Name <address>'"
-    if any(ord(c) < 32 or c == "\x7f" for c in value):
-        raise bad_request(f"invalid body: from: {reason}; control characters are not allowed")
-    if has_comment(value):
-        # The parser would drop a comment silently, or it would have to be
-        # guessed whether "(Acme)" is meant as the name: a name goes first.
-        raise bad_request(
-            f"invalid body: from: {reason}; comments in parentheses are not allowed "
-            "(a display name goes before the address)"
-        )
     try:
-        header = _HEADERS("From", value)
-        groups = header.groups  # type: ignore[attr-defined]
-        addresses = header.addresses  # type: ignore[attr-defined]
-    except Exception:
-        # On some malformed input the standard library's parser fails with
-        # internal errors (AttributeError, UnboundLocalError...) instead of
-        # reporting a defect: all of them mean the value is not an address.
-        raise bad_request(f"invalid body: from: {reason}") from None
-    invalid = [d for d in header.defects if isinstance(d, email_errors.InvalidHeaderDefect)]
-    if invalid or len(addresses) != 1 or groups[0].display_name is not None:
-        raise bad_request(f"invalid body: from: {reason}")
-    address = addresses[0]
-    try:
-        checked = validate_email(address.addr_spec, check_deliverability=False)
-    except EmailNotValidError as error:
-        raise bad_request(f"invalid body: from: {error}") from None
-    return checked.normalized, address.display_name or None
-
-
-def has_comment(value: str) -> bool:
-    """Whether ``value`` holds an RFC 5322 comment: a parenthesis outside a quoted string."""
-    quoted = escaped = False
-    for char in value:
-        if escaped:
-            escaped = False
-        elif quoted and char == "\\":
-            escaped = True
-        elif char == '"':
-            quoted = not quoted
-        elif char in "()" and not quoted:
-            return True
-    return False
+        mailbox = parse_mailbox(value, "from")
+    except FieldError as error:
+        raise bad_request(f"invalid body: {error}") from None
+    return mailbox.address, mailbox.name
 
 
 def build_content(
@@ -436,10 +117,6 @@ async def detail(call: Call, template: store.Template) -> TemplateDetail:
     )
 
 
-def unprocessable(message: str) -> ApiError:
-    return ApiError(422, "UNPROCESSABLE_ENTITY", message)
-
-
 # --- routes ------------------------------------------------------------------------------
 
 
@@ -456,12 +133,9 @@ async def create_template(call: Call, body: CreateTemplate) -> TemplateCreated:
         text=body.text,
         variables=tuple(v.variable() for v in body.variables),
     )
-    try:
-        template_id = await store.create_template(
-            call.conn, call.team_id, body.name, body.alias, body.category, content
-        )
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    template_id = await store.create_template(
+        call.conn, call.team_id, body.name, body.alias, body.category, content
+    )
     return TemplateCreated(id=template_id)
 
 
@@ -508,19 +182,16 @@ async def update_template(call: Call, template: str, body: UpdateTemplate) -> Te
             await store.get_versions(call.conn, call.team_id, [locked.current_version_id])
         )[locked.current_version_id]
         content = merged_content(base, body)
-        try:
-            updated = await store.add_version(
-                call.conn, locked, base, name, alias, category, content, body.change_note
-            )
-        except Duplicate as duplicate:
-            raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+        updated = await store.add_version(
+            call.conn, locked, base, name, alias, category, content, body.change_note
+        )
         return await detail(call, updated)
 
 
 def merged_content(base: store.TemplateVersion, body: UpdateTemplate) -> store.VersionContent:
     """The content of a new version: the body's fields, the rest from ``base``."""
     given = body.model_fields_set
-    carried = base.content
+    carried = base
     if "from_" in given:
         from_email, from_name = (
             parse_from(body.from_) if body.from_ is not None else (None, None)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from tidings.http.contacts import CONTACT_REF, contact_ref, find_contact_id
 from tidings.http.envelope import not_found
-from tidings.http.models import RequestBody
+from tidings.http.models import RequestBody, Resource
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import contacts as contact_store
@@ -51,7 +51,7 @@ class UpdateTopic(RequestBody):
         return self
 
 
-class TopicOut(BaseModel):
+class TopicOut(Resource):
     object: Literal["topic"] = "topic"
     id: UUID
     team_id: UUID
@@ -61,18 +61,6 @@ class TopicOut(BaseModel):
     created_at: datetime
     updated_at: datetime
 
-    @classmethod
-    def of(cls, topic: store.Topic) -> TopicOut:
-        return cls(
-            id=topic.id,
-            team_id=topic.team_id,
-            name=topic.name,
-            description=topic.description,
-            default_subscription=topic.default_subscription,
-            created_at=topic.created_at,
-            updated_at=topic.updated_at,
-        )
-
 
 class TopicList(BaseModel):
     object: Literal["list"] = "list"
@@ -80,7 +68,7 @@ class TopicList(BaseModel):
     has_more: bool
 
 
-class ContactTopicOut(BaseModel):
+class ContactTopicOut(Resource):
     """A topic as one contact has it."""
 
     object: Literal["contact_topic"] = "contact_topic"
@@ -90,17 +78,6 @@ class ContactTopicOut(BaseModel):
     default_subscription: Subscription
     subscription: Subscription = Field(description="Effective: the contact's choice or the default")
     is_default: bool = Field(description="True when the contact made no choice for this topic")
-
-    @classmethod
-    def of(cls, entry: store.ContactTopic) -> ContactTopicOut:
-        return cls(
-            id=entry.id,
-            name=entry.name,
-            description=entry.description,
-            default_subscription=entry.default_subscription,
-            subscription=entry.subscription,
-            is_default=entry.is_default,
-        )
 
 
 class ContactTopicList(BaseModel):

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
-import asyncpg
-
-from tidings.storage.errors import Duplicate
+from tidings.storage.connection import Connection, Json, Row, returned
+from tidings.storage.errors import unique
 
 PropertyType = Literal["string", "number", "boolean", "date"]
 PROPERTY_TYPES: tuple[str, ...] = ("string", "number", "boolean", "date")
@@ -61,63 +60,63 @@ class ContactProperty:
     team_id: UUID
     key: str
     type: PropertyType
-    fallback_value: Any
+    fallback_value: Json
     created_at: datetime
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> ContactProperty:
+    def from_row(cls, row: Row) -> ContactProperty:
         fields = dict(row)
         raw = fields["fallback_value"]
         fields["fallback_value"] = None if raw is None else json.loads(raw)
         return cls(**fields)
 
 
-def _json_or_null(value: Any) -> str | None:
+def _json_or_null(value: Json) -> str | None:
     return None if value is None else json.dumps(value)
 
 
 async def create_property(
-    conn: Any, team_id: UUID, key: str, kind: PropertyType, fallback_value: Any
+    conn: Connection, team_id: UUID, key: str, kind: PropertyType, fallback_value: Json
 ) -> ContactProperty:
     """Define a property. Raises Duplicate if the team has one with this key."""
-    try:
+    with unique("key", f"a contact property with key {key!r} exists already"):
         row = await conn.fetchrow(
             INSERT_PROPERTY, team_id, key, kind, _json_or_null(fallback_value)
         )
-    except asyncpg.UniqueViolationError:
-        raise Duplicate("key", f"a contact property with key {key!r} exists already") from None
-    return ContactProperty.from_row(row)
+    return ContactProperty.from_row(returned(row))
 
 
-async def get_property(conn: Any, team_id: UUID, property_id: UUID) -> ContactProperty | None:
+async def get_property(
+    conn: Connection, team_id: UUID, property_id: UUID
+) -> ContactProperty | None:
     row = await conn.fetchrow(SELECT_PROPERTY, team_id, property_id)
     return None if row is None else ContactProperty.from_row(row)
 
 
 async def list_properties(
-    conn: Any, team_id: UUID, limit: int, offset: int
+    conn: Connection, team_id: UUID, limit: int, offset: int
 ) -> list[ContactProperty]:
     rows = await conn.fetch(SELECT_PROPERTIES, team_id, limit, offset)
     return [ContactProperty.from_row(row) for row in rows]
 
 
-async def property_types(conn: Any, team_id: UUID) -> dict[str, PropertyType]:
+async def property_types(conn: Connection, team_id: UUID) -> dict[str, PropertyType]:
     """Every key the team has defined, with its type."""
     rows = await conn.fetch(SELECT_TYPES, team_id)
     return {row["key"]: row["type"] for row in rows}
 
 
 async def update_fallback(
-    conn: Any, team_id: UUID, property_id: UUID, fallback_value: Any
+    conn: Connection, team_id: UUID, property_id: UUID, fallback_value: Json
 ) -> ContactProperty | None:
     row = await conn.fetchrow(UPDATE_FALLBACK, team_id, property_id, _json_or_null(fallback_value))
     return None if row is None else ContactProperty.from_row(row)
 
 
-async def delete_property(conn: Any, team_id: UUID, property_id: UUID) -> int | None:
+async def delete_property(conn: Connection, team_id: UUID, property_id: UUID) -> int | None:
     """Delete a definition and its key from every contact of the team, in one
     statement. The number of contacts that lost a value, or None if no such
     definition."""
-    row = await conn.fetchrow(DELETE_PROPERTY, team_id, property_id)
+    row = returned(await conn.fetchrow(DELETE_PROPERTY, team_id, property_id))
     return None if row["key"] is None else int(row["cleared"])

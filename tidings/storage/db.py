@@ -1,13 +1,44 @@
-"""The connection pool, and the embedded PostgreSQL used when no DATABASE_URL is set."""
+"""The connection pool, the types storage code is written against, and the
+embedded PostgreSQL used when no DATABASE_URL is set.
+
+Connections come in two kinds, one per side of the trio/asyncio bridge:
+
+- ``TrioConnection``: what ``Database.acquire()`` and ``Database.transaction()``
+  give trio code (a triopg proxy). Each await on it crosses to asyncio and back.
+- ``AsyncioConnection``: what ``Database.run(unit, ...)`` gives ``unit``, which
+  runs whole on the asyncio side (a plain asyncpg connection), in one crossing.
+
+Storage functions are written against ``Connection``, which both are, so they
+run on either side. **Which functions may run on the asyncio side** (be
+passed to ``Database.run``): every function of a ``tidings.storage`` module
+that takes a ``Connection`` first, and any function elsewhere whose first
+parameter is typed ``AsyncioConnection``. Such a function awaits nothing but
+its connection and other such functions: it must not touch trio, whose
+primitives on the asyncio side fail or, worse, act on the trio task that runs
+the asyncio loop. Three things hold that line:
+
+- types: ``Database.run`` takes only units whose first parameter accepts an
+  ``AsyncioConnection``, and trio code has none to give (a ``TrioConnection``
+  is not one), so a unit written for trio code does not type-check;
+- a test (tests/storage/test_sides.py) reads every such function and fails if
+  it names anything from trio, trio_asyncio, triopg or anyio, and fails if a
+  ``tidings.storage`` module other than this one imports them;
+- at run time ``Database.run`` refuses a unit that is neither (``WrongSide``),
+  and a unit that reaches for the pool from the asyncio side is refused too.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import inspect
+import json
 import logging
+import os
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -16,17 +47,79 @@ import trio_asyncio
 import triopg
 
 from tidings.config import Config
+from tidings.storage.connection import (
+    AsyncioConnection,
+    Connection,
+    Json,
+    PreparedStatement,
+    Row,
+    TrioConnection,
+    returned,
+)
 from tidings.storage.migrate import migrate
+
+__all__ = [
+    "AsyncioConnection",
+    "Connection",
+    "Database",
+    "Json",
+    "PreparedStatement",
+    "Row",
+    "TrioConnection",
+    "WrongSide",
+    "open_database",
+    "returned",
+]
 
 log = logging.getLogger("tidings.storage")
 
-# triopg has no type information; a connection is its proxy object.
-Connection = Any
-
 EMBEDDED_DATABASE = "tidings"
 
-
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+class WrongSide(RuntimeError):
+    """Storage work handed to the side of the bridge it may not run on."""
+
+
+# Set while a unit runs on the asyncio side: it must not reach back for the pool.
+_on_asyncio_side: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tidings_on_asyncio_side", default=False
+)
+_ALLOWED: dict[Callable[..., object], bool] = {}
+_TRIO_MODULES = ("trio", "trio_asyncio", "triopg", "anyio")
+
+
+def may_run_on_asyncio(unit: Callable[..., object]) -> bool:
+    """Whether ``unit`` is one the module docstring allows on the asyncio side."""
+    known = _ALLOWED.get(unit)
+    if known is None:
+        known = _ALLOWED[unit] = _declared_for_asyncio(unit)
+    return known
+
+
+def _declared_for_asyncio(unit: Callable[..., object]) -> bool:
+    module = getattr(unit, "__module__", None) or ""
+    if module.startswith("tidings.storage.") and module != __name__:
+        return True
+    try:
+        first = next(iter(inspect.signature(unit).parameters.values()), None)
+    except (TypeError, ValueError):
+        return False
+    if first is None:
+        return False
+    annotation = first.annotation
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return name.rpartition(".")[2] == "AsyncioConnection"
+
+
+def _not_on_asyncio_side(what: str) -> None:
+    if _on_asyncio_side.get():
+        raise WrongSide(
+            f"{what} from inside Database.run: a unit on the asyncio side uses the "
+            "connection it was given, and nothing of trio"
+        )
 
 
 async def _keep_session(conn: Any) -> None:
@@ -43,29 +136,56 @@ class Database:
         self._pool = pool
         self.url = url
 
-    async def run(self, unit: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run ``unit(conn, *args)`` on a pooled connection in one crossing to asyncio.
+    async def run(
+        self,
+        unit: Callable[Concatenate[AsyncioConnection, P], Awaitable[T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run ``unit(conn, *args, **kwargs)`` on a pooled connection in one crossing
+        to asyncio.
 
         Each await on a triopg connection crosses from trio to asyncio and
         back, which costs more CPU here than the query itself. A unit that
         only awaits its connection runs whole on the asyncio side instead:
-        acquire, its queries, release, in one crossing. Cancellation while
-        it runs cancels the asyncio task; the connection goes back to the pool.
+        acquire, its queries, release, in one crossing. Which units may: see
+        the module docstring; any other is refused with ``WrongSide``.
+        Cancellation while it runs cancels the asyncio task; the connection
+        goes back to the pool.
         """
-        return await trio_asyncio.aio_as_trio(self._run_on_asyncio)(unit, *args)  # type: ignore[no-any-return]
+        _not_on_asyncio_side("Database.run")
+        if not may_run_on_asyncio(unit):
+            raise WrongSide(
+                f"{getattr(unit, '__qualname__', unit)!r} may not run on the asyncio side: "
+                "only functions of tidings.storage and functions whose first parameter "
+                "is an AsyncioConnection may"
+            )
+        runner = trio_asyncio.aio_as_trio(self._run_on_asyncio)
+        result: T = await runner(unit, args, kwargs)
+        return result
 
-    async def _run_on_asyncio(self, unit: Callable[..., Awaitable[T]], *args: Any) -> T:
+    async def _run_on_asyncio(
+        self,
+        unit: Callable[..., Awaitable[T]],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+    ) -> T:
+        # This runs in an asyncio task of its own: the mark stays inside it.
+        _on_asyncio_side.set(True)
         # triopg's pool proxy wraps an asyncpg pool; use it directly here.
         async with self._pool._asyncpg_pool.acquire() as conn:
-            return await unit(conn, *args)
+            return await unit(conn, *args, **kwargs)
 
-    def acquire(self) -> Any:
+    def acquire(self) -> AbstractAsyncContextManager[TrioConnection]:
         """``async with db.acquire() as conn``: a connection from the pool."""
-        return self._pool.acquire()
+        _not_on_asyncio_side("Database.acquire")
+        acquired: AbstractAsyncContextManager[TrioConnection] = self._pool.acquire()
+        return acquired
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
+    async def transaction(self) -> AsyncIterator[TrioConnection]:
         """A connection inside a transaction, committed when the block ends."""
+        _not_on_asyncio_side("Database.transaction")
         async with self._pool.acquire() as conn, conn.transaction():
             yield conn
 
@@ -81,8 +201,55 @@ def start_embedded(data_dir: Path) -> str:
         import pgserver
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(data_dir.resolve() / "pg", cleanup_mode="stop")
+    pgdata = data_dir.resolve() / "pg"
+    forget_dead_users(pgdata)
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
     return str(server.get_uri())
+
+
+# pgserver's list of the processes using a server: the last to leave stops it.
+HANDLE_LIST = ".handle_pids.json"
+
+
+def forget_dead_users(pgdata: Path) -> list[int]:
+    """Drop processes that no longer exist from pgserver's list of users of
+    the server in ``pgdata``; return their pids.
+
+    A process killed with ``kill -9`` never takes itself off that list, and
+    while it is named there no clean exit stops the server. Done under
+    pgserver's own inter-process lock, as it does its own changes.
+    """
+    from pgserver.postgres_server import PostgresServer
+
+    path = pgdata / HANDLE_LIST
+    with PostgresServer._lock:
+        try:
+            pids = [int(pid) for pid in json.loads(path.read_text())]
+        except (OSError, ValueError, TypeError):
+            return []
+        dead = [pid for pid in pids if not process_exists(pid)]
+        if dead:
+            path.write_text(json.dumps([pid for pid in pids if pid not in dead]))
+            log.info("forgot users of the embedded PostgreSQL that have died: %s", dead)
+        return dead
+
+
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` names a live process (a zombie is not one)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, as another user
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust kill()
+    # The state follows the command name, which is in parentheses.
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def with_database(url: str, database: str) -> str:

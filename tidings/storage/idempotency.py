@@ -8,8 +8,9 @@ within a process.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID, uuid4
+
+from tidings.storage.connection import Connection
 
 # One round trip: claim the key (new, or its old record past retention), or
 # read the live record that holds it.
@@ -52,6 +53,13 @@ DELETE FROM idempotency_keys
 WHERE scope = $1 AND key = $2 AND status = 'processing' AND locked_until <= now()
 """
 
+# The prefixes of the secrets Tidings shows (tokens, webhook signing secrets):
+# a response that holds one is never stored in plain text.
+SECRET_MARKERS = (b"svc_team_", b"whsec_")
+
+
+def holds_secret(body: bytes) -> bool:
+    return any(marker in body for marker in SECRET_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,7 @@ Attempt = Claimed | Completed | Processing
 
 
 async def begin(
-    conn: Any,
+    conn: Connection,
     scope: UUID,
     key: str,
     fingerprint: bytes,
@@ -109,7 +117,7 @@ async def begin(
 
 
 async def complete(
-    conn: Any, scope: UUID, key: str, claim: UUID, status: int, body: bytes
+    conn: Connection, scope: UUID, key: str, claim: UUID, status: int, body: bytes
 ) -> bool:
     """Store the response. False if the claim was lost (its lock expired and
     it was dropped): the caller must roll back."""
@@ -117,10 +125,10 @@ async def complete(
     return result == "UPDATE 1"
 
 
-async def release(conn: Any, scope: UUID, key: str, claim: UUID) -> None:
+async def release(conn: Connection, scope: UUID, key: str, claim: UUID) -> None:
     """Forget a claim whose request failed, so a retry runs again."""
     await conn.execute(RELEASE, scope, key, claim)
 
 
-async def drop_expired_lock(conn: Any, scope: UUID, key: str) -> None:
+async def drop_expired_lock(conn: Connection, scope: UUID, key: str) -> None:
     await conn.execute(DROP_EXPIRED_LOCK, scope, key)

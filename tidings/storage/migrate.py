@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+
+from tidings.storage.connection import Connection
 
 # "tidi" in ASCII: the advisory lock every Tidings process takes to migrate.
 MIGRATION_LOCK = 0x74696469
@@ -46,7 +47,7 @@ def load_migrations() -> list[Migration]:
     return found
 
 
-async def migrate(conn: Any) -> list[str]:
+async def migrate(conn: Connection) -> list[str]:
     """Apply the migrations this database lacks; return their names.
 
     Each migration commits on its own. Cancelled midway, the database holds
@@ -67,3 +68,10 @@ async def migrate(conn: Any) -> list[str]:
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+async def missing_migrations(conn: Connection) -> list[str]:
+    """The migrations this code has that the database lacks (all, without the table)."""
+    exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
+    applied = {row["version"] for row in await conn.fetch(SELECT_APPLIED)} if exists else set()
+    return [f"{m.version:04d}_{m.name}" for m in load_migrations() if m.version not in applied]

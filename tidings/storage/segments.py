@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
+from tidings.storage.connection import Connection, returned
 from tidings.storage.contacts import CONTACT_COLUMNS, Contact
 
 SEGMENT_COLUMNS = "s.id, s.team_id, s.name, s.created_at, s.updated_at"
@@ -127,35 +127,37 @@ class NoContact(Exception):
     """No such contact in the team."""
 
 
-async def create_segment(conn: Any, team_id: UUID, name: str) -> Segment:
-    return Segment(**dict(await conn.fetchrow(INSERT_SEGMENT, team_id, name)))
+async def create_segment(conn: Connection, team_id: UUID, name: str) -> Segment:
+    return Segment(**dict(returned(await conn.fetchrow(INSERT_SEGMENT, team_id, name))))
 
 
-async def get_segment(conn: Any, team_id: UUID, segment_id: UUID) -> Segment | None:
+async def get_segment(conn: Connection, team_id: UUID, segment_id: UUID) -> Segment | None:
     row = await conn.fetchrow(SELECT_SEGMENT, team_id, segment_id)
     return None if row is None else Segment(**dict(row))
 
 
-async def lock_segment(conn: Any, team_id: UUID, segment_id: UUID) -> bool:
+async def lock_segment(conn: Connection, team_id: UUID, segment_id: UUID) -> bool:
     """Whether the team has this segment; in a transaction, it then stays until
     the transaction ends (members can be added to it)."""
     return await conn.fetchval(LOCK_SEGMENT, team_id, segment_id) is not None
 
 
-async def list_segments(conn: Any, team_id: UUID, limit: int, offset: int) -> list[Segment]:
+async def list_segments(conn: Connection, team_id: UUID, limit: int, offset: int) -> list[Segment]:
     rows = await conn.fetch(SELECT_SEGMENTS, team_id, limit, offset)
     return [Segment(**dict(row)) for row in rows]
 
 
-async def delete_segment(conn: Any, team_id: UUID, segment_id: UUID) -> bool:
+async def delete_segment(conn: Connection, team_id: UUID, segment_id: UUID) -> bool:
     """Delete a segment and its memberships (not the contacts)."""
     return await conn.fetchval(DELETE_SEGMENT, team_id, segment_id) is not None
 
 
-async def add_member(conn: Any, team_id: UUID, segment_id: UUID, contact_id: UUID) -> Membership:
+async def add_member(
+    conn: Connection, team_id: UUID, segment_id: UUID, contact_id: UUID
+) -> Membership:
     """Add a contact to a segment, or find it there already: the same membership
     either way. Raises NoContact or NoSegment."""
-    row = await conn.fetchrow(ADD_MEMBER, team_id, segment_id, contact_id)
+    row = returned(await conn.fetchrow(ADD_MEMBER, team_id, segment_id, contact_id))
     if not row["contact_found"]:
         raise NoContact()
     if row["id"] is None:
@@ -169,10 +171,12 @@ async def add_member(conn: Any, team_id: UUID, segment_id: UUID, contact_id: UUI
     )
 
 
-async def remove_member(conn: Any, team_id: UUID, segment_id: UUID, contact_id: UUID) -> bool:
+async def remove_member(
+    conn: Connection, team_id: UUID, segment_id: UUID, contact_id: UUID
+) -> bool:
     """Remove a contact from a segment; False if it was not a member.
     Raises NoContact or NoSegment."""
-    row = await conn.fetchrow(REMOVE_MEMBER, team_id, segment_id, contact_id)
+    row = returned(await conn.fetchrow(REMOVE_MEMBER, team_id, segment_id, contact_id))
     if not row["contact_found"]:
         raise NoContact()
     if not row["segment_found"]:
@@ -180,14 +184,16 @@ async def remove_member(conn: Any, team_id: UUID, segment_id: UUID, contact_id: 
     return bool(row["removed"])
 
 
-async def list_members(conn: Any, segment_id: UUID, limit: int, offset: int) -> list[Contact]:
+async def list_members(
+    conn: Connection, segment_id: UUID, limit: int, offset: int
+) -> list[Contact]:
     """The contacts of a segment (the caller checks it is the team's), newest member first."""
     rows = await conn.fetch(SELECT_MEMBERS, segment_id, limit, offset)
     return [Contact.from_row(row) for row in rows]
 
 
 async def contact_segments(
-    conn: Any, team_id: UUID, contact_id: UUID, limit: int, offset: int
+    conn: Connection, team_id: UUID, contact_id: UUID, limit: int, offset: int
 ) -> list[Membership]:
     """The segments a contact belongs to, the latest joined first."""
     rows = await conn.fetch(SELECT_CONTACT_SEGMENTS, team_id, contact_id, limit, offset)

@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
-import asyncpg
-
-from tidings.storage.errors import Duplicate
+from tidings.storage.connection import Connection, returned
+from tidings.storage.errors import unique
 
 Reason = Literal["hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out"]
 REASONS: tuple[str, ...] = ("hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out")
@@ -63,7 +62,7 @@ def lookup_key(address: str) -> str:
 
 
 async def create_suppression(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     address: str,
     kind: Kind,
@@ -71,22 +70,22 @@ async def create_suppression(
     source_message_id: UUID | None,
 ) -> Suppression:
     """Suppress a normalised address. Raises Duplicate if the team suppresses it already."""
-    try:
+    with unique("address", f"{address!r} is suppressed already"):
         row = await conn.fetchrow(
             INSERT_SUPPRESSION, team_id, address, kind, reason, source_message_id
         )
-    except asyncpg.UniqueViolationError:
-        raise Duplicate("address", f"{address!r} is suppressed already") from None
-    return Suppression(**dict(row))
+    return Suppression(**dict(returned(row)))
 
 
-async def get_suppression(conn: Any, team_id: UUID, suppression_id: UUID) -> Suppression | None:
+async def get_suppression(
+    conn: Connection, team_id: UUID, suppression_id: UUID
+) -> Suppression | None:
     row = await conn.fetchrow(SELECT_SUPPRESSION, team_id, suppression_id)
     return None if row is None else Suppression(**dict(row))
 
 
 async def list_suppressions(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     reason: str | None,
     search: str | None,
@@ -98,11 +97,11 @@ async def list_suppressions(
     return [Suppression(**dict(row)) for row in rows]
 
 
-async def delete_suppression(conn: Any, team_id: UUID, suppression_id: UUID) -> bool:
+async def delete_suppression(conn: Connection, team_id: UUID, suppression_id: UUID) -> bool:
     return await conn.fetchval(DELETE_SUPPRESSION, team_id, suppression_id) is not None
 
 
-async def suppressed(conn: Any, team_id: UUID, addresses: Iterable[str]) -> set[str]:
+async def suppressed(conn: Connection, team_id: UUID, addresses: Iterable[str]) -> set[str]:
     """Those of ``addresses`` the team must not send to, as given: one query
     for all of them.
 

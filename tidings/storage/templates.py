@@ -13,15 +13,14 @@ one of them NULL.
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-import asyncpg
-
 from tidings.rendering import Variable
-from tidings.storage.errors import Duplicate
+from tidings.storage.connection import Connection, Row, returned
+from tidings.storage.errors import unique
 
 TEMPLATE_COLUMNS = """
 t.id, t.team_id, t.name, t.alias, t.category, t.current_version_id,
@@ -170,7 +169,7 @@ class Template:
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> Template:
+    def from_row(cls, row: Row) -> Template:
         return cls(**dict(row))
 
 
@@ -199,39 +198,22 @@ class VersionContent:
 
 
 @dataclass(frozen=True)
-class TemplateVersion:
+class TemplateVersion(VersionContent):
+    """A stored version: its content and what names it."""
+
     id: UUID
     team_id: UUID
     template_id: UUID
     version_number: int
-    subject: str
-    html: str
-    text: str | None
-    from_email: str | None
-    from_name: str | None
-    reply_to_email: str | None
-    variables: tuple[Variable, ...]
     based_on_version_id: UUID | None
     change_note: str | None
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> TemplateVersion:
+    def from_row(cls, row: Row) -> TemplateVersion:
         fields = dict(row)
         fields["variables"] = variables_from_json(fields["variables"])
         return cls(**fields)
-
-    @property
-    def content(self) -> VersionContent:
-        return VersionContent(
-            subject=self.subject,
-            html=self.html,
-            text=self.text,
-            from_email=self.from_email,
-            from_name=self.from_name,
-            reply_to_email=self.reply_to_email,
-            variables=self.variables,
-        )
 
 
 def variables_to_json(variables: tuple[Variable, ...]) -> str:
@@ -247,7 +229,7 @@ def variables_from_json(raw: str) -> tuple[Variable, ...]:
     )
 
 
-def _content_args(content: VersionContent) -> tuple[Any, ...]:
+def _content_args(content: VersionContent) -> tuple[object, ...]:
     return (
         content.subject,
         content.html,
@@ -259,8 +241,8 @@ def _content_args(content: VersionContent) -> tuple[Any, ...]:
     )
 
 
-def _duplicate_alias(alias: str | None) -> Duplicate:
-    return Duplicate("alias", f"the team has a template with alias {alias!r} already")
+def _unique_alias(alias: str | None) -> AbstractContextManager[None]:
+    return unique("alias", f"the team has a template with alias {alias!r} already")
 
 
 def like_pattern(search: str) -> str:
@@ -270,7 +252,7 @@ def like_pattern(search: str) -> str:
 
 
 async def create_template(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     name: str,
     alias: str | None,
@@ -281,21 +263,19 @@ async def create_template(
 
     Raises Duplicate if the team has a template with this alias.
     """
-    try:
+    with _unique_alias(alias):
         template_id: UUID = await conn.fetchval(
             INSERT_TEMPLATE, team_id, name, alias, category, *_content_args(content)
         )
-    except asyncpg.UniqueViolationError:
-        raise _duplicate_alias(alias) from None
     return template_id
 
 
-async def get_template(conn: Any, team_id: UUID, ref: TemplateRef) -> Template | None:
+async def get_template(conn: Connection, team_id: UUID, ref: TemplateRef) -> Template | None:
     row = await conn.fetchrow(SELECT_TEMPLATE, team_id, *ref.args)
     return None if row is None else Template.from_row(row)
 
 
-async def lock_template(conn: Any, team_id: UUID, ref: TemplateRef) -> Locked | None:
+async def lock_template(conn: Connection, team_id: UUID, ref: TemplateRef) -> Locked | None:
     """Lock the template's row until the caller's transaction ends; None if not found.
 
     Read its current version after this (in READ COMMITTED, a later statement
@@ -306,7 +286,7 @@ async def lock_template(conn: Any, team_id: UUID, ref: TemplateRef) -> Locked | 
 
 
 async def list_templates(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     limit: int,
     offset: int,
@@ -320,7 +300,7 @@ async def list_templates(
 
 
 async def add_version(
-    conn: Any,
+    conn: Connection,
     locked: Locked,
     base: TemplateVersion,
     name: str,
@@ -334,7 +314,7 @@ async def add_version(
 
     Raises Duplicate for a taken alias.
     """
-    try:
+    with _unique_alias(alias):
         row = await conn.fetchrow(
             INSERT_VERSION,
             base.team_id,
@@ -347,13 +327,11 @@ async def add_version(
             base.id,
             change_note,
         )
-    except asyncpg.UniqueViolationError:
-        raise _duplicate_alias(alias) from None
-    return Template.from_row(row)
+    return Template.from_row(returned(row))
 
 
 async def publish(
-    conn: Any, team_id: UUID, ref: TemplateRef, version_id: UUID | None
+    conn: Connection, team_id: UUID, ref: TemplateRef, version_id: UUID | None
 ) -> Template | None:
     """Publish a version of the template (its current one by default).
 
@@ -364,14 +342,14 @@ async def publish(
 
 
 async def get_versions(
-    conn: Any, team_id: UUID, version_ids: list[UUID]
+    conn: Connection, team_id: UUID, version_ids: list[UUID]
 ) -> dict[UUID, TemplateVersion]:
     rows = await conn.fetch(SELECT_VERSIONS_BY_ID, team_id, version_ids)
     return {row["id"]: TemplateVersion.from_row(row) for row in rows}
 
 
 async def list_versions(
-    conn: Any, team_id: UUID, template_id: UUID, limit: int, offset: int
+    conn: Connection, team_id: UUID, template_id: UUID, limit: int, offset: int
 ) -> list[TemplateVersion]:
     """Versions of a template, newest first."""
     rows = await conn.fetch(SELECT_VERSIONS, team_id, template_id, limit, offset)
@@ -379,7 +357,7 @@ async def list_versions(
 
 
 async def get_version(
-    conn: Any, team_id: UUID, ref: TemplateRef, version_id: UUID
+    conn: Connection, team_id: UUID, ref: TemplateRef, version_id: UUID
 ) -> TemplateVersion | None:
     """A version of the template, or None if either is not the team's."""
     row = await conn.fetchrow(SELECT_VERSION, team_id, *ref.args, version_id)
@@ -387,13 +365,13 @@ async def get_version(
 
 
 async def get_default_version(
-    conn: Any, team_id: UUID, ref: TemplateRef
+    conn: Connection, team_id: UUID, ref: TemplateRef
 ) -> TemplateVersion | None:
     """The version a render uses by default: the published one, else the current draft."""
     row = await conn.fetchrow(SELECT_DEFAULT_VERSION, team_id, *ref.args)
     return None if row is None else TemplateVersion.from_row(row)
 
 
-async def delete_template(conn: Any, team_id: UUID, ref: TemplateRef) -> bool:
+async def delete_template(conn: Connection, team_id: UUID, ref: TemplateRef) -> bool:
     """Delete a template and all its versions; False if the team has no such template."""
     return await conn.fetchval(DELETE_TEMPLATE, team_id, *ref.args) is not None

@@ -10,14 +10,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 from uuid import UUID
+
+from tidings.storage.connection import Connection, Row, returned
 
 TOKEN_PREFIX = "svc_team_"
 # Step-up tokens live at most this long (CONTRACT §2).
 STEP_UP_MAX_SECONDS = 15 * 60
+TEAM_NAME_MAX_LENGTH = 100
 
 UPSERT_TEAM = """
 INSERT INTO teams (name) VALUES ($1)
@@ -79,7 +82,7 @@ class Token:
         return self.revoked_at is None and not self.expired
 
     @classmethod
-    def from_row(cls, row: Any) -> Token:
+    def from_row(cls, row: Row) -> Token:
         return cls(
             id=row["id"],
             team_id=row["team_id"],
@@ -101,14 +104,39 @@ def hash_secret(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
 
-async def ensure_team(conn: Any, name: str) -> UUID:
-    """The id of the team called ``name``, created if it does not exist."""
-    team_id: UUID = await conn.fetchval(UPSERT_TEAM, name)
+def check_team_name(name: str) -> str:
+    """``name`` without surrounding whitespace, or ValueError saying why it is not one.
+
+    A team name holds 1 to 100 characters once trimmed, none of them a
+    control or format character (newlines, tabs, NUL, zero-width marks).
+    """
+    trimmed = name.strip()
+    if not trimmed:
+        raise ValueError("a team name must not be empty or only whitespace")
+    if len(trimmed) > TEAM_NAME_MAX_LENGTH:
+        raise ValueError(
+            f"a team name holds at most {TEAM_NAME_MAX_LENGTH} characters, got {len(trimmed)}"
+        )
+    for char in trimmed:
+        if unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn"):
+            raise ValueError(
+                f"a team name must not contain control or invisible characters "
+                f"(found U+{ord(char):04X})"
+            )
+    return trimmed
+
+
+async def ensure_team(conn: Connection, name: str) -> UUID:
+    """The id of the team called ``name`` (trimmed), created if it does not exist.
+
+    ValueError if ``name`` is not a valid team name (``check_team_name``).
+    """
+    team_id: UUID = await conn.fetchval(UPSERT_TEAM, check_team_name(name))
     return team_id
 
 
 async def create_token(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     permissions: list[str] | tuple[str, ...],
     *,
@@ -132,10 +160,10 @@ async def create_token(
         step_up,
         expires_in,
     )
-    return Token.from_row(row), secret
+    return Token.from_row(returned(row)), secret
 
 
-async def find_by_hash(conn: Any, secret_hash: bytes) -> Token | None:
+async def find_by_hash(conn: Connection, secret_hash: bytes) -> Token | None:
     """The token whose secret has this hash, whether or not it is still active."""
     row = await conn.fetchrow(SELECT_BY_HASH, secret_hash)
     if row is None or not hmac.compare_digest(bytes(row["secret_hash"]), secret_hash):
@@ -143,13 +171,14 @@ async def find_by_hash(conn: Any, secret_hash: bytes) -> Token | None:
     return Token.from_row(row)
 
 
-
-async def list_tokens(conn: Any, team_id: UUID, limit: int, offset: int) -> list[Token]:
+async def list_tokens(conn: Connection, team_id: UUID, limit: int, offset: int) -> list[Token]:
     rows = await conn.fetch(SELECT_TEAM_TOKENS, team_id, limit, offset)
     return [Token.from_row(row) for row in rows]
 
 
-async def revoke_token(conn: Any, token_id: UUID, team_id: UUID | None = None) -> Token | None:
+async def revoke_token(
+    conn: Connection, token_id: UUID, team_id: UUID | None = None
+) -> Token | None:
     """Revoke a token (of ``team_id`` when given); None if there is no such token."""
     row = await conn.fetchrow(REVOKE_TOKEN, token_id, team_id)
     return None if row is None else Token.from_row(row)

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
+
+from tidings.storage.connection import Connection, returned
 
 Subscription = Literal["opt_in", "opt_out"]
 
@@ -120,22 +122,23 @@ class ContactTopic:
 
 
 async def create_topic(
-    conn: Any, team_id: UUID, name: str, description: str | None, default: Subscription
+    conn: Connection, team_id: UUID, name: str, description: str | None, default: Subscription
 ) -> Topic:
-    return Topic(**dict(await conn.fetchrow(INSERT_TOPIC, team_id, name, description, default)))
+    row = await conn.fetchrow(INSERT_TOPIC, team_id, name, description, default)
+    return Topic(**dict(returned(row)))
 
 
-async def get_topic(conn: Any, team_id: UUID, topic_id: UUID) -> Topic | None:
+async def get_topic(conn: Connection, team_id: UUID, topic_id: UUID) -> Topic | None:
     row = await conn.fetchrow(SELECT_TOPIC, team_id, topic_id)
     return None if row is None else Topic(**dict(row))
 
 
-async def list_topics(conn: Any, team_id: UUID, limit: int, offset: int) -> list[Topic]:
+async def list_topics(conn: Connection, team_id: UUID, limit: int, offset: int) -> list[Topic]:
     return [Topic(**dict(row)) for row in await conn.fetch(SELECT_TOPICS, team_id, limit, offset)]
 
 
 async def update_topic(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     topic_id: UUID,
     *,
@@ -150,13 +153,13 @@ async def update_topic(
     return None if row is None else Topic(**dict(row))
 
 
-async def delete_topic(conn: Any, team_id: UUID, topic_id: UUID) -> bool:
+async def delete_topic(conn: Connection, team_id: UUID, topic_id: UUID) -> bool:
     """Delete a topic and every contact's choice for it."""
     return await conn.fetchval(DELETE_TOPIC, team_id, topic_id) is not None
 
 
 async def contact_topics(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     contact_id: UUID,
     limit: int,
@@ -182,7 +185,7 @@ async def contact_topics(
     ]
 
 
-async def lock_topics(conn: Any, team_id: UUID, topic_ids: Sequence[UUID]) -> list[UUID]:
+async def lock_topics(conn: Connection, team_id: UUID, topic_ids: Sequence[UUID]) -> list[UUID]:
     """Those of ``topic_ids`` that are not topics of the team, in the order given.
     In a transaction, the others then stay until it ends (choices can be
     recorded for them)."""
@@ -190,7 +193,7 @@ async def lock_topics(conn: Any, team_id: UUID, topic_ids: Sequence[UUID]) -> li
 
 
 async def set_choices(
-    conn: Any, contact_id: UUID, choices: dict[UUID, Subscription | None]
+    conn: Connection, contact_id: UUID, choices: dict[UUID, Subscription | None]
 ) -> None:
     """Record a contact's choices; None removes the choice (back to the default).
 
@@ -210,7 +213,7 @@ async def set_choices(
 
 
 async def subscribed_contacts(
-    conn: Any, team_id: UUID, topic_id: UUID, contact_ids: Sequence[UUID]
+    conn: Connection, team_id: UUID, topic_id: UUID, contact_ids: Sequence[UUID]
 ) -> set[UUID]:
     """Which of ``contact_ids`` (contacts of the team) are subscribed to topic
     ``topic_id``: by their explicit choice, else by the topic's default. One
