@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import trio
 
 from tidings.actors.idempotency import IdempotencyKeys, start_idempotency
+from tidings.actors.retention import start_retention
 from tidings.actors.revocations import RevocationListener
 from tidings.actors.runtime import Runtime, open_runtime
 from tidings.actors.webhooks import Webhooks, start_webhooks
@@ -59,6 +60,7 @@ def start_actors(runtime: Runtime, db: Database, config: Config, resolve: Resolv
     idempotency = start_idempotency(runtime, db, config)
     guard = Guard(allow_private=config.webhook_allow_private_urls, resolve=resolve)
     webhooks = start_webhooks(runtime, db, config, guard)
+    runtime.singleton("retention", start_retention(db, config))
     return Actors(tokens=tokens, idempotency=idempotency, webhooks=webhooks)
 
 
