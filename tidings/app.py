@@ -11,6 +11,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from tidings.config import Config
 from tidings.http.app import create_app
+from tidings.http.connection import SoundConnections
 from tidings.service import Service, open_service
 
 log = logging.getLogger("tidings")
@@ -40,7 +41,7 @@ async def serve_http(
     http_config.errorlog = logging.getLogger("hypercorn.error")
     http_config.keep_alive_timeout = 75
     await hypercorn_serve(
-        create_app(service),
+        SoundConnections(create_app(service)),  # type: ignore[arg-type]
         http_config,
         shutdown_trigger=shutdown_trigger or trio.sleep_forever,
         task_status=task_status,
