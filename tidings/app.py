@@ -10,6 +10,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from tidings.config import Config
+from tidings.http import protocol_errors
 from tidings.http.app import create_app
 from tidings.http.connection import SoundConnections
 from tidings.service import Service, open_service
@@ -34,6 +35,7 @@ async def serve_http(
     requests. On shutdown it stops accepting and lets in-flight requests
     finish, for up to HTTP_DRAIN_SECONDS.
     """
+    protocol_errors.install()
     http_config = HypercornConfig()
     http_config.bind = [f"{host}:{port}"]
     http_config.graceful_timeout = HTTP_DRAIN_SECONDS
