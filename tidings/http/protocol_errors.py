@@ -55,9 +55,9 @@ class EnvelopeH11Protocol(H11Protocol):
 
 def install() -> None:
     """Make hypercorn answer protocol errors with envelopes (idempotent)."""
-    current = hypercorn.protocol.H11Protocol
+    current = getattr(hypercorn.protocol, "H11Protocol", None)
     if current is EnvelopeH11Protocol:
         return
     if current is not H11Protocol:
         raise RuntimeError("hypercorn.protocol.H11Protocol is not hypercorn's own: cannot install")
-    hypercorn.protocol.H11Protocol = EnvelopeH11Protocol  # type: ignore[misc]
+    setattr(hypercorn.protocol, "H11Protocol", EnvelopeH11Protocol)  # noqa: B010
