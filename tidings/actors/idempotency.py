@@ -78,29 +78,33 @@ class IdempotencyShard(Actor[Begin]):
     async def handle(self, message: Begin) -> None:
         decision = await self._db.run(
             decide,
-            message,
+            message.scope,
+            message.key,
+            message.fingerprint,
             self._config.idempotency_lock_seconds,
             self._config.idempotency_retention_seconds,
         )
         message.reply.send(decision)
 
 
-async def decide(conn: Connection, begin: Begin, lock: float, retention: float) -> Decision:
-    """Claim the key of ``begin`` or say why not. Runs whole on the storage side."""
+async def decide(
+    conn: Connection, scope: UUID, key: str, fingerprint: bytes, lock: float, retention: float
+) -> Decision:
+    """Claim ``key`` or say why not. Awaits only ``conn``: it runs whole on the
+    storage side, from a shard or from a request's storage unit."""
     attempt = await records.begin(
-        conn, begin.scope, begin.key, begin.fingerprint,
-        lock_seconds=lock, retention_seconds=retention,
+        conn, scope, key, fingerprint, lock_seconds=lock, retention_seconds=retention
     )
     match attempt:
         case records.Claimed(claim=claim):
             return Proceed(claim)
-        case _ if attempt.fingerprint != begin.fingerprint:
+        case _ if attempt.fingerprint != fingerprint:
             return Refuse(DIFFERENT_REQUEST)
         case records.Completed(status=status, body=body):
             return Replay(status, body)
         case records.Processing(lock_expired=True):
             # Drop the stale claim so that the client's retry runs.
-            await records.drop_expired_lock(conn, begin.scope, begin.key)
+            await records.drop_expired_lock(conn, scope, key)
             return Refuse(LOCK_EXPIRED)
         case _:
             return Refuse(STILL_PROCESSING)
@@ -153,4 +157,6 @@ async def open_idempotency(db: Database, config: Config) -> AsyncIterator[Idempo
             yield IdempotencyKeys(shard_supervisor, config.idempotency_shards)
 
 
-__all__ = ["Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "open_idempotency"]
+__all__ = [
+    "Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "decide", "open_idempotency"
+]

@@ -29,8 +29,9 @@ from tidings.http import (
     webhooks,
 )
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
+from tidings.http.pipeline import make_view
 from tidings.http.ratelimit import RateLimiter
-from tidings.http.routing import Route, Routes, make_view
+from tidings.http.routing import Route, Routes
 
 if TYPE_CHECKING:
     from tidings.service import Service

@@ -23,7 +23,7 @@ from tidings.storage.contacts import like_pattern
 from tidings.storage.errors import Duplicate
 from tidings.storage.suppressions import Kind, Reason
 
-routes = Routes("Suppressions")
+routes = Routes("Suppressions", storage_units=True)
 
 
 class CreateSuppression(RequestBody):

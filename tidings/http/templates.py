@@ -35,7 +35,7 @@ from tidings.rendering import (
 from tidings.storage import templates as store
 from tidings.storage.errors import Duplicate
 
-routes = Routes("Templates")
+routes = Routes("Templates", storage_units=True)
 
 Category = Literal["otp", "welcome", "receipt", "alert", "notification", "custom"]
 ALIAS_PATTERN = r"^[A-Za-z0-9_-]+$"
