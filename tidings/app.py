@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -21,11 +22,31 @@ log = logging.getLogger("tidings")
 HTTP_DRAIN_SECONDS = 4.0
 
 
+def reusable_socket(host: str, port: int) -> int:
+    """A TCP socket bound with SO_REUSEPORT, as a file descriptor for hypercorn.
+
+    Several processes bound this way share the port; the kernel spreads new
+    connections across them.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach()
+
+
 async def serve_http(
     service: Service,
     host: str,
     port: int,
     *,
+    reuse_port: bool = False,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -37,7 +58,7 @@ async def serve_http(
     """
     protocol_errors.install()
     http_config = HypercornConfig()
-    http_config.bind = [f"{host}:{port}"]
+    http_config.bind = [f"fd://{reusable_socket(host, port)}" if reuse_port else f"{host}:{port}"]
     http_config.graceful_timeout = HTTP_DRAIN_SECONDS
     http_config.accesslog = None
     http_config.errorlog = logging.getLogger("hypercorn.error")
@@ -55,6 +76,7 @@ async def serve(
     host: str,
     port: int,
     *,
+    reuse_port: bool = False,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -65,7 +87,8 @@ async def serve(
     async with open_service(config) as service, trio.open_nursery() as nursery:
         binds = await nursery.start(
             lambda task_status: serve_http(
-                service, host, port, shutdown_trigger=shutdown_trigger, task_status=task_status
+                service, host, port, reuse_port=reuse_port, shutdown_trigger=shutdown_trigger,
+                task_status=task_status,
             )
         )
         log.info("Tidings is serving on %s", ", ".join(binds))
