@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -41,8 +42,8 @@ def reusable_socket(host: str, port: int) -> int:
     return sock.detach()
 
 
-async def serve_http(
-    service: Service,
+async def serve_asgi(
+    app: Any,
     host: str,
     port: int,
     *,
@@ -50,11 +51,12 @@ async def serve_http(
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the HTTP API of ``service`` until ``shutdown_trigger`` returns.
+    """Serve the ASGI ``app`` on hypercorn, as Tidings serves its own.
 
     Reports the bound addresses (``http://host:port``) once it accepts
     requests. On shutdown it stops accepting and lets in-flight requests
-    finish, for up to HTTP_DRAIN_SECONDS.
+    finish, for up to HTTP_DRAIN_SECONDS. (``python -m bench api`` serves its
+    bare comparison app with this too.)
     """
     protocol_errors.install()
     http_config = HypercornConfig()
@@ -64,10 +66,26 @@ async def serve_http(
     http_config.errorlog = logging.getLogger("hypercorn.error")
     http_config.keep_alive_timeout = 75
     await hypercorn_serve(
-        SoundConnections(create_app(service)),  # type: ignore[arg-type]
+        SoundConnections(app),  # type: ignore[arg-type]
         http_config,
         shutdown_trigger=shutdown_trigger or trio.sleep_forever,
         task_status=task_status,
+    )
+
+
+async def serve_http(
+    service: Service,
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the HTTP API of ``service`` until ``shutdown_trigger`` returns."""
+    await serve_asgi(
+        create_app(service), host, port, reuse_port=reuse_port,
+        shutdown_trigger=shutdown_trigger, task_status=task_status,
     )
 
 
