@@ -1,37 +1,56 @@
-"""``python -m bench api``: throughput and latency of ``POST /contacts``.
+"""``python -m bench api``: throughput and latency of ``POST /contacts``, beside a bare app.
 
-Starts a fresh service with the rate limit off, creates a token, then runs two
-phases of equal length from this process: plain requests, and requests that each
-carry a fresh ``Idempotency-Key``. Every request creates a contact with a unique
-email. Each phase is preceded by a short unmeasured warm-up. Reports accepted
-requests per second, p50/p99 latency, the cost of idempotency keys, the
-service's peak RSS and how it shut down on SIGTERM.
+In one run, on the same machine and the same hypercorn settings:
+
+- ``bare``: a quart-trio app whose ``POST /contacts`` parses the body and
+  answers ``{}`` (``bench/bare.py``);
+- ``plain`` and ``idempotent``: Tidings (one worker, rate limit off), each
+  request creating a contact with a unique email, the second with a fresh
+  ``Idempotency-Key`` on every request;
+- ``workers_plain`` and ``workers_idempotent``: the same with
+  ``tidings serve --workers N`` (``--workers``, default 2).
+
+Load comes from wrk when it is installed (one thread, ``--connections``
+keep-alive connections), else from the raw-trio generator in
+``bench/loadgen.py``. Each phase has an unmeasured warm-up. One JSON line on
+stdout: every phase's accepted requests/s, p50 and p99, the ratios to the
+bare app, the cost of idempotency keys, and the goals with whether each is met.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+import httpx
 import trio
 
-from bench.harness import log, running_service
-from bench.loadgen import PhaseResult, run_load
+from bench.harness import HarnessError, free_port, log, running_service
+from bench.loadgen import run_load, run_wrk, wrk_available
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument("--connections", type=int, default=16, help="concurrent connections")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up before each phase")
+    parser.add_argument("--workers", type=int, default=2, help="workers of the last phases")
+    parser.add_argument(
+        "--loadgen", choices=("auto", "wrk", "trio"), default="auto",
+        help="load generator (auto: wrk when installed)",
+    )
 
 
 class ContactRequests:
-    """Pre-encoded ``POST /contacts`` requests, each with a unique email.
-
-    Ids have a fixed width so the Content-Length never changes and a request is
-    just a join of constant bytes around the id.
-    """
+    """Pre-encoded ``POST /contacts`` requests for the trio load generator."""
 
     def __init__(self, host: str, port: int, token: str, tag: str, idempotent: bool) -> None:
         self._tag = tag.encode()
@@ -57,59 +76,148 @@ class ContactRequests:
         return b"".join((self._head, key, b"\r\n", self._body_start, unique, self._body_end))
 
 
-async def _measure(
-    host: str, port: int, token: str, args: argparse.Namespace
-) -> dict[str, PhaseResult]:
-    run_tag = secrets.token_hex(4)  # keeps emails unique even against a reused database
-    results: dict[str, PhaseResult] = {}
-    for phase, idempotent in (("plain", False), ("idempotent", True)):
-        requests = ContactRequests(host, port, token, f"{run_tag}{phase[0]}", idempotent)
-        if args.warmup > 0:
-            warm = await run_load(
-                host, port, requests, connections=args.connections, seconds=args.warmup
-            )
-            log(f"{phase} warm-up: {_describe(warm)}")
-        log(f"{phase}: measuring for {args.seconds:g}s on {args.connections} connections")
-        result = await run_load(
-            host, port, requests, connections=args.connections, seconds=args.seconds
-        )
-        log(f"{phase}: {_describe(result)}")
-        for kind, sample in result.error_samples.items():
-            log(f"{phase}: first {kind}: {sample}")
-        results[phase] = result
-    return results
+Phase = Callable[[str, bool, float], dict[str, object]]
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _describe(result: PhaseResult) -> str:
-    return f"{result.accepted} accepted, {result.errors} errors, {result.requests_per_s:.0f}/s"
+def cpu_seconds(pid: int) -> float:
+    """CPU time used so far by ``pid`` and its children that still run (seconds)."""
+    total = 0.0
+    pids = [pid]
+    try:
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        pass
+    for each in pids:
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
 
 
-def _number(value: float) -> float | int:
-    return int(value) if value == int(value) else value
+def load(args: argparse.Namespace, host: str, port: int, token: str) -> Phase:
+    """A function running one phase of ``seconds`` against ``host:port``."""
+    use_wrk = args.loadgen == "wrk" or (args.loadgen == "auto" and wrk_available())
+
+    def phase(tag: str, idempotent: bool, seconds: float) -> dict[str, object]:
+        tag = f"{tag}{secrets.token_hex(3)}"
+        if use_wrk:
+            return run_wrk(host, port, token, idempotent=idempotent, run=tag,
+                           connections=args.connections, seconds=seconds)
+        requests = ContactRequests(host, port, token, tag, idempotent)
+        result = trio.run(lambda: run_load(
+            host, port, requests, connections=args.connections, seconds=seconds
+        ))
+        return result.summary()
+
+    return phase
+
+
+def measure(
+    name: str, phase: Phase, idempotent: bool, args: argparse.Namespace, pid: int
+) -> dict[str, object]:
+    """One phase; also the server's CPU time per accepted request, which other
+    load on the machine changes far less than the rate."""
+    if args.warmup > 0:
+        phase(f"w{name[:2]}", idempotent, args.warmup)
+    log(f"{name}: measuring for {args.seconds:g}s on {args.connections} connections")
+    cpu = cpu_seconds(pid)
+    result = phase(name[:2], idempotent, args.seconds)
+    accepted = result["accepted"]
+    assert isinstance(accepted, int)
+    result["server_cpu_ms_per_request"] = (
+        round((cpu_seconds(pid) - cpu) * 1000 / accepted, 3) if accepted else None
+    )
+    log(f"{name}: {result['requests_per_s']}/s, p50 {result['p50_ms']} ms, "
+        f"p99 {result['p99_ms']} ms, {result['errors']} errors, "
+        f"{result['server_cpu_ms_per_request']} ms CPU a request")
+    return result
+
+
+@contextmanager
+def bare_app(host: str = "127.0.0.1") -> Iterator[tuple[int, int]]:
+    port = free_port(host)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.bare", "--host", host, "--port", str(port)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, env=dict(os.environ),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://{host}:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise HarnessError("the bare app did not start")
+            time.sleep(0.1)
+        yield port, process.pid
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _ratio(a: object, b: object) -> float | None:
+    assert isinstance(a, float | int) and isinstance(b, float | int)
+    return round(a / b, 2) if b else None
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
-    with running_service({"TIDINGS_RATE_LIMIT_PER_SECOND": "0"}) as service:
-        token = service.create_token("bench")
-        log("token created")
-        results = trio.run(_measure, service.host, service.port, token, args)
+    results: dict[str, dict[str, object]] = {}
+    loadgen = "wrk" if args.loadgen == "wrk" or (
+        args.loadgen == "auto" and wrk_available()) else "trio"
+    log(f"load generator: {loadgen}")
+    with bare_app() as (port, pid):
+        results["bare"] = measure(
+            "bare", load(args, "127.0.0.1", port, "none"), False, args, pid
+        )
+    off = {"TIDINGS_RATE_LIMIT_PER_SECOND": "0"}
+    with running_service(off) as service:
+        phase = load(args, service.host, service.port, service.create_token("bench"))
+        pid = service.process.pid
+        results["plain"] = measure("plain", phase, False, args, pid)
+        results["idempotent"] = measure("idempotent", phase, True, args, pid)
         peak_rss_mb = service.peak_rss_mb()
-        log("stopping service")
         shutdown = service.stop()
-        log(f"service exited with {shutdown.exit_code} after {shutdown.seconds:.2f}s")
+    with running_service(off, serve_args=("--workers", str(args.workers))) as service:
+        phase = load(args, service.host, service.port, service.create_token("bench"))
+        pid = service.process.pid
+        results["workers_plain"] = measure("workers_plain", phase, False, args, pid)
+        results["workers_idempotent"] = measure("workers_idempotent", phase, True, args, pid)
+        workers_shutdown = service.stop()
 
-    plain, idempotent = results["plain"], results["idempotent"]
-    cost = None
-    if plain.requests_per_s > 0:
-        cost = round((1 - idempotent.requests_per_s / plain.requests_per_s) * 100, 1)
+    rate = {name: result["requests_per_s"] for name, result in results.items()}
+    vs_bare = _ratio(rate["plain"], rate["bare"])
+    cost_value = _ratio(rate["idempotent"], rate["plain"])
+    cost = None if cost_value is None else round((1 - cost_value) * 100, 1)
+    worst_p99 = max(float(str(results[n]["p99_ms"])) for n in ("plain", "idempotent"))
     return {
         "bench": "api",
-        "seconds": _number(args.seconds),
+        "loadgen": loadgen,
+        "seconds": args.seconds,
         "connections": args.connections,
-        "plain": plain.summary(),
-        "idempotent": idempotent.summary(),
+        "workers": args.workers,
+        **results,
+        "plain_vs_bare": vs_bare,
+        "idempotent_vs_bare": _ratio(rate["idempotent"], rate["bare"]),
+        "workers_plain_vs_bare": _ratio(rate["workers_plain"], rate["bare"]),
         "idempotency_cost_pct": cost,
+        "goals": {
+            "plain_vs_bare >= 0.6": vs_bare is not None and vs_bare >= 0.6,
+            "idempotency_cost_pct < 15": cost is not None and cost < 15,
+            "p99_ms < 50 (one worker)": worst_p99 < 50,
+            "workers_plain >= 1381/s": float(str(rate["workers_plain"])) >= 1381,
+        },
         "service_peak_rss_mb": peak_rss_mb,
         "shutdown_exit_code": shutdown.exit_code,
         "shutdown_seconds": shutdown.seconds,
+        "workers_shutdown_exit_code": workers_shutdown.exit_code,
     }

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +59,10 @@ class Shutdown:
 class Service:
     """A running ``tidings serve`` subprocess and the environment it was given."""
 
-    def __init__(self, workdir: Path, env: dict[str, str], host: str, port: int) -> None:
+    def __init__(
+        self, workdir: Path, env: dict[str, str], host: str, port: int,
+        serve_args: Sequence[str] = (),
+    ) -> None:
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.log_path = workdir / "service.log"
@@ -70,7 +73,7 @@ class Service:
         self.shutdown: Shutdown | None = None
         self._log_file = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [*TIDINGS, "serve", "--host", host, "--port", str(port)],
+            [*TIDINGS, "serve", "--host", host, "--port", str(port), *serve_args],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
@@ -210,6 +213,7 @@ def running_service(
     extra_env: Mapping[str, str] | None = None,
     host: str = "127.0.0.1",
     startup_timeout: float = 60.0,
+    serve_args: Sequence[str] = (),
 ) -> Iterator[Service]:
     """A healthy service on a free port, stopped and cleaned up afterwards."""
     workdir = Path(tempfile.mkdtemp(prefix="tidings-bench-"))
@@ -221,7 +225,7 @@ def running_service(
         database = "DATABASE_URL" if "TIDINGS_DATA_DIR" not in env else env["TIDINGS_DATA_DIR"]
         log(f"starting service on {host}:{port} (database: {database})")
         started = time.monotonic()
-        service = Service(workdir, env, host, port)
+        service = Service(workdir, env, host, port, serve_args)
         service.wait_healthy(startup_timeout)
         log(f"service healthy after {time.monotonic() - started:.1f}s")
         yield service

@@ -10,6 +10,10 @@ and only their latencies are recorded; anything else is counted as an error by k
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -256,3 +260,63 @@ async def run_load(
             )
     result.seconds = time.perf_counter() - started
     return result
+
+
+# --- wrk, when it is installed ------------------------------------------------
+
+WRK_SCRIPT = """
+local made = 0
+function setup(thread)
+  made = made + 1
+  thread:set("tid", made)
+end
+local counter = 0
+function request()
+  counter = counter + 1
+  local id = "%(run)s-" .. tid .. "-" .. counter
+  local headers = {["Authorization"] = "Bearer %(token)s",
+                   ["Content-Type"] = "application/json"}
+  if %(idempotent)s then headers["Idempotency-Key"] = "bench-" .. id end
+  return wrk.format("POST", "/contacts", headers,
+                    '{"email": "' .. id .. '@bench.example", "first_name": "B"}')
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests": %%d, "duration_us": %%d, "non2xx": %%d, "errors": %%d, ' ..
+    '"p50_us": %%d, "p99_us": %%d}\\n',
+    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def wrk_available() -> bool:
+    return shutil.which("wrk") is not None
+
+
+def run_wrk(
+    host: str, port: int, token: str, *, idempotent: bool, run: str, connections: int,
+    seconds: float, threads: int = 1,
+) -> dict[str, object]:
+    """Drive ``POST /contacts`` with wrk (unique emails, and keys when ``idempotent``)."""
+    script = WRK_SCRIPT % {"run": run, "token": token, "idempotent": str(idempotent).lower()}
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as file:
+        file.write(script)
+        file.flush()
+        done = subprocess.run(
+            ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+             "--timeout", "10s", "-s", file.name, f"http://{host}:{port}"],
+            capture_output=True, text=True, check=True,
+        )
+    line = next(row for row in done.stdout.splitlines() if row.startswith("WRKJSON "))
+    figures = json.loads(line.removeprefix("WRKJSON "))
+    duration = figures["duration_us"] / 1e6
+    accepted = figures["requests"] - figures["non2xx"]
+    return {
+        "accepted": accepted,
+        "errors": figures["non2xx"] + figures["errors"],
+        "requests_per_s": round(accepted / duration, 1),
+        "p50_ms": round(figures["p50_us"] / 1000, 2),
+        "p99_ms": round(figures["p99_us"] / 1000, 2),
+    }

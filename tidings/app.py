@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from tidings.config import Config
+from tidings.http import protocol_errors
 from tidings.http.app import create_app
+from tidings.http.connection import SoundConnections
 from tidings.service import Service, open_service
 
 log = logging.getLogger("tidings")
@@ -19,31 +23,69 @@ log = logging.getLogger("tidings")
 HTTP_DRAIN_SECONDS = 4.0
 
 
-async def serve_http(
-    service: Service,
+def reusable_socket(host: str, port: int) -> int:
+    """A TCP socket bound with SO_REUSEPORT, as a file descriptor for hypercorn.
+
+    Several processes bound this way share the port; the kernel spreads new
+    connections across them.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+async def serve_asgi(
+    app: Any,
     host: str,
     port: int,
     *,
+    reuse_port: bool = False,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the HTTP API of ``service`` until ``shutdown_trigger`` returns.
+    """Serve the ASGI ``app`` on hypercorn, as Tidings serves its own.
 
     Reports the bound addresses (``http://host:port``) once it accepts
     requests. On shutdown it stops accepting and lets in-flight requests
-    finish, for up to HTTP_DRAIN_SECONDS.
+    finish, for up to HTTP_DRAIN_SECONDS. (``python -m bench api`` serves its
+    bare comparison app with this too.)
     """
+    protocol_errors.install()
     http_config = HypercornConfig()
-    http_config.bind = [f"{host}:{port}"]
+    http_config.bind = [f"fd://{reusable_socket(host, port)}" if reuse_port else f"{host}:{port}"]
     http_config.graceful_timeout = HTTP_DRAIN_SECONDS
     http_config.accesslog = None
     http_config.errorlog = logging.getLogger("hypercorn.error")
     http_config.keep_alive_timeout = 75
     await hypercorn_serve(
-        create_app(service),
+        SoundConnections(app),  # type: ignore[arg-type]
         http_config,
         shutdown_trigger=shutdown_trigger or trio.sleep_forever,
         task_status=task_status,
+    )
+
+
+async def serve_http(
+    service: Service,
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the HTTP API of ``service`` until ``shutdown_trigger`` returns."""
+    await serve_asgi(
+        create_app(service), host, port, reuse_port=reuse_port,
+        shutdown_trigger=shutdown_trigger, task_status=task_status,
     )
 
 
@@ -52,6 +94,7 @@ async def serve(
     host: str,
     port: int,
     *,
+    reuse_port: bool = False,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -62,7 +105,8 @@ async def serve(
     async with open_service(config) as service, trio.open_nursery() as nursery:
         binds = await nursery.start(
             lambda task_status: serve_http(
-                service, host, port, shutdown_trigger=shutdown_trigger, task_status=task_status
+                service, host, port, reuse_port=reuse_port, shutdown_trigger=shutdown_trigger,
+                task_status=task_status,
             )
         )
         log.info("Tidings is serving on %s", ", ".join(binds))

@@ -20,6 +20,7 @@ from tidings.permissions import ALL_PERMISSIONS, unknown_permissions
 from tidings.storage import quotas as quota_store
 from tidings.storage import tokens as token_store
 from tidings.storage.db import open_database
+from tidings.workers import run_workers, watch_parent
 
 log = logging.getLogger("tidings")
 
@@ -37,7 +38,9 @@ def configure_logging(level: str) -> None:
     logging.getLogger("pgserver").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
-async def run_until_signal(config: Config, host: str, port: int) -> None:
+async def run_until_signal(
+    config: Config, host: str, port: int, reuse_port: bool = False
+) -> None:
     stop = trio.Event()
 
     async def watch_signals(cancel_scope: trio.CancelScope) -> None:
@@ -54,7 +57,8 @@ async def run_until_signal(config: Config, host: str, port: int) -> None:
     with trio.CancelScope() as everything:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_signals, everything)
-            await serve(config, host, port, shutdown_trigger=stop.wait)
+            nursery.start_soon(watch_parent, stop)
+            await serve(config, host, port, shutdown_trigger=stop.wait, reuse_port=reuse_port)
             nursery.cancel_scope.cancel()
     if everything.cancelled_caught:
         log.warning("shutdown deadline reached: work still running was cancelled")
@@ -149,6 +153,12 @@ def parser() -> argparse.ArgumentParser:
     run = commands.add_parser("serve", help="run the HTTP API and every actor")
     run.add_argument("--host", default="127.0.0.1")
     run.add_argument("--port", type=int, default=8080)
+    run.add_argument(
+        "--workers", type=int, default=1, metavar="N",
+        help="processes serving the port together (SO_REUSEPORT); default 1",
+    )
+    # A worker of --workers N: bind with SO_REUSEPORT.
+    run.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
 
     tokens = commands.add_parser("tokens", help="manage team tokens")
     token_commands = tokens.add_subparsers(dest="tokens_command", required=True)
@@ -216,7 +226,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(f"tidings: {failure}") from None
         print(json.dumps(report), flush=True)
     elif args.command == "serve":
-        trio.run(run_until_signal, config, args.host, args.port)
+        if args.workers < 1:
+            raise SystemExit("tidings: --workers must be at least 1")
+        if args.workers > 1:
+            raise SystemExit(run_workers(config, args.host, args.port, args.workers))
+        trio.run(run_until_signal, config, args.host, args.port, args.reuse_port)
     elif args.command == "quotas":
         print(json.dumps(trio.run(manage_quotas, config, args)), flush=True)
     elif args.tokens_command == "create":

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -80,6 +81,10 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=self.registry,
         )
+        # Which process answered: with --workers N each scrape reaches one of them.
+        Gauge(
+            "tidings_process", "This process (its pid)", ["pid"], registry=self.registry
+        ).labels(str(os.getpid())).set(1)
         self.registry.register(_SupervisorCollector(supervisors))
         self.registry.register(_WebhookCollector(webhook_attempts))
 

@@ -85,16 +85,13 @@ class IdempotencyShard(Actor[Begin]):
     async def handle(self, message: Begin) -> None:
         decision = await self._db.run(
             decide,
-            message,
+            message.scope,
+            message.key,
+            message.fingerprint,
             self._config.idempotency_lock_seconds,
             self._config.idempotency_retention_seconds,
         )
-        if isinstance(decision, Replay) and is_sealed(decision.body):
-            plain = self._sealer.open(decision.body, seal_context(message.scope, message.key))
-            decision = Refuse(SEALED_UNREADABLE) if plain is None else Replay(
-                decision.status, plain
-            )
-        message.reply.send(decision)
+        message.reply.send(opened(self._sealer, message.scope, message.key, decision))
 
 
 def seal_context(scope: UUID, key: str) -> bytes:
@@ -102,22 +99,38 @@ def seal_context(scope: UUID, key: str) -> bytes:
     return scope.bytes + key.encode()
 
 
-async def decide(conn: AsyncioConnection, begin: Begin, lock: float, retention: float) -> Decision:
-    """Claim the key of ``begin`` or say why not. Runs whole on the storage side."""
+def opened(sealer: Sealer, scope: UUID, key: str, decision: Decision) -> Decision:
+    """``decision`` with a sealed replay opened, or refused when this process
+    lacks the key that sealed it. Pure: safe on either side of the bridge."""
+    if not isinstance(decision, Replay) or not is_sealed(decision.body):
+        return decision
+    plain = sealer.open(decision.body, seal_context(scope, key))
+    return Refuse(SEALED_UNREADABLE) if plain is None else Replay(decision.status, plain)
+
+
+async def decide(
+    conn: AsyncioConnection,
+    scope: UUID,
+    key: str,
+    fingerprint: bytes,
+    lock: float,
+    retention: float,
+) -> Decision:
+    """Claim ``key`` or say why not. Awaits only ``conn``: it runs whole on the
+    storage side, from a shard or from a request's storage unit."""
     attempt = await records.begin(
-        conn, begin.scope, begin.key, begin.fingerprint,
-        lock_seconds=lock, retention_seconds=retention,
+        conn, scope, key, fingerprint, lock_seconds=lock, retention_seconds=retention
     )
     match attempt:
         case records.Claimed(claim=claim):
             return Proceed(claim)
-        case _ if attempt.fingerprint != begin.fingerprint:
+        case _ if attempt.fingerprint != fingerprint:
             return Refuse(DIFFERENT_REQUEST)
         case records.Completed(status=status, body=body):
             return Replay(status, body)
         case records.Processing(lock_expired=True):
             # Drop the stale claim so that the client's retry runs.
-            await records.drop_expired_lock(conn, begin.scope, begin.key)
+            await records.drop_expired_lock(conn, scope, key)
             return Refuse(LOCK_EXPIRED)
         case _:
             return Refuse(STILL_PROCESSING)
@@ -134,6 +147,10 @@ class IdempotencyKeys:
     async def begin(self, scope: UUID, key: str, fingerprint: bytes) -> Decision:
         shard = self._shards.handle(hash((scope, key)) % self._count)
         return await shard.ask(lambda reply: Begin(scope, key, fingerprint, reply))
+
+    def opened(self, scope: UUID, key: str, decision: Decision) -> Decision:
+        """A decision made on a request's own connection, with its replay opened."""
+        return opened(self._sealer, scope, key, decision)
 
     def stored_body(self, scope: UUID, key: str, body: bytes, *, secret: bool) -> bytes:
         """What to store as the replayable response: ``body``, or, when the
@@ -159,4 +176,6 @@ def start_idempotency(runtime: Runtime, db: Database, config: Config) -> Idempot
     return IdempotencyKeys(shards, config.idempotency_shards, sealer)
 
 
-__all__ = ["Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "start_idempotency"]
+__all__ = [
+    "Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "decide", "start_idempotency"
+]

@@ -31,8 +31,9 @@ from tidings.http import (
     webhooks,
 )
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
+from tidings.http.pipeline import make_view
 from tidings.http.ratelimit import RateLimiter
-from tidings.http.routing import Route, Routes, make_view
+from tidings.http.routing import Route, Routes
 from tidings.http.shedding import Shedder
 from tidings.storage.errors import Duplicate
 from tidings.storage.quotas import QuotaExceeded

@@ -22,7 +22,7 @@ from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import contact_properties as store
 from tidings.storage.contact_properties import PropertyType
 
-routes = Routes("Contact properties")
+routes = Routes("Contact properties", storage_units=True)
 
 # A property named like a contact field would be ambiguous as a CSV column.
 RESERVED_KEYS = frozenset({

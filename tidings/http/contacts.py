@@ -24,7 +24,7 @@ from tidings.storage import contact_properties as definitions
 from tidings.storage import contacts as store
 from tidings.storage import segments as segment_store
 
-routes = Routes("Contacts")
+routes = Routes("Contacts", storage_units=True)
 
 CONTACT_REF: dict[str, type] = {"contact_id": str}
 SOURCE = "Where a change of sms_consent_status came from: api, import, keyword, ..."

@@ -14,7 +14,7 @@ from tidings.http.routing import Call, Routes
 from tidings.storage import events as store
 from tidings.webhooks.catalogue import EVENT_TYPES
 
-routes = Routes("Events")
+routes = Routes("Events", storage_units=True)
 
 
 class EventOut(BaseModel):

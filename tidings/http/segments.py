@@ -19,7 +19,7 @@ from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import segments as store
 
-routes = Routes("Segments")
+routes = Routes("Segments", storage_units=True)
 
 
 class CreateSegment(RequestBody):

@@ -24,7 +24,7 @@ from tidings.storage import suppressions as store
 from tidings.storage.contacts import like_pattern
 from tidings.storage.suppressions import Kind, Reason
 
-routes = Routes("Suppressions")
+routes = Routes("Suppressions", storage_units=True)
 
 
 class CreateSuppression(RequestBody):

@@ -35,7 +35,7 @@ from tidings.http.template_models import (
 from tidings.rendering import RenderError, TemplateError, Variable, compile_template, render
 from tidings.storage import templates as store
 
-routes = Routes("Templates")
+routes = Routes("Templates", storage_units=True)
 
 TEMPLATE_PATH: dict[str, type] = {"template": str}
 

@@ -15,7 +15,7 @@ from tidings.http.routing import Answer, Call, Routes
 from tidings.permissions import ALL_PERMISSIONS, unknown_permissions
 from tidings.storage import tokens as store
 
-routes = Routes("Tokens")
+routes = Routes("Tokens", storage_units=True)
 
 TEN_YEARS = 10 * 365 * 86400
 

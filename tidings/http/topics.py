@@ -22,7 +22,7 @@ from tidings.storage import contacts as contact_store
 from tidings.storage import topics as store
 from tidings.storage.topics import Subscription
 
-routes = Routes("Topics")
+routes = Routes("Topics", storage_units=True)
 
 DEFAULT_SUBSCRIPTION = (
     "The subscription of contacts that made no choice: opt_in (they receive the topic "

@@ -1,0 +1,56 @@
+"""The bare comparison app of ``python -m bench api``: quart-trio, nothing else.
+
+``POST /contacts`` reads and parses the JSON body and answers ``{}``; it is
+served by ``tidings.app.serve_asgi``, so hypercorn runs with the same settings
+(and the same connection wrapper) as Tidings. Run as
+``python -m bench.bare --port N``; SIGTERM stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from typing import Any
+
+import trio
+from quart import request
+from quart_trio import QuartTrio
+
+from tidings.app import serve_asgi
+
+app = QuartTrio("bare")
+
+
+@app.post("/contacts")
+async def create_contact() -> tuple[dict[str, Any], int]:
+    json.loads(await request.get_data())
+    return {}, 201
+
+
+@app.get("/healthz")
+async def healthz() -> dict[str, Any]:
+    return {}
+
+
+async def main(host: str, port: int) -> None:
+    stop = trio.Event()
+
+    async def watch_signals() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                stop.set()
+                return
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_signals)
+        await serve_asgi(app, host, port, shutdown_trigger=stop.wait)
+        nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    trio.run(main, args.host, args.port)

@@ -1,0 +1,64 @@
+"""A request to a storage-unit route crosses from trio to asyncio once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from tidings.service import Service
+
+
+@contextmanager
+def counting_crossings(service: Service) -> Iterator[list[str]]:
+    """Count ``Database.run`` calls; any use of the trio-side connection proxy fails."""
+    db = service.db
+    runs: list[str] = []
+    run = db.run
+
+    async def counted(unit: Any, *args: Any) -> Any:
+        runs.append(unit.__name__)
+        return await run(unit, *args)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a storage-unit request used the trio-side connection proxy")
+
+    db.run, db.acquire, db.transaction = counted, refused, refused  # type: ignore[method-assign]
+    try:
+        yield runs
+    finally:
+        del db.run, db.acquire, db.transaction
+
+
+async def test_post_contacts_is_one_crossing_with_and_without_a_key(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    with counting_crossings(service) as runs:
+        # The first request also looks the token up: in the same crossing.
+        assert (await client.post("/contacts", json={"email": "a@example.com"})).status_code == 201
+        assert runs == ["run_unit"]
+        runs.clear()
+        assert (await client.post("/contacts", json={"email": "b@example.com"})).status_code == 201
+        assert runs == ["run_unit"]
+        runs.clear()
+        headers = {"Idempotency-Key": "k1"}
+        first = await client.post("/contacts", json={"email": "c@example.com"}, headers=headers)
+        assert first.status_code == 201
+        assert runs == ["run_unit"]
+        runs.clear()
+        replay = await client.post("/contacts", json={"email": "c@example.com"}, headers=headers)
+        assert replay.headers["Idempotent-Replayed"] == "true"
+        assert replay.content == first.content
+        assert runs == ["run_unit"]
+        runs.clear()
+        failed = await client.post("/contacts", json={"email": "a@example.com"}, headers={
+            "Idempotency-Key": "k2"
+        })
+        assert failed.status_code == 409
+        assert runs == ["run_unit"]
+    retried = await client.post("/contacts", json={"email": "d@example.com"}, headers={
+        "Idempotency-Key": "k2"
+    })
+    assert retried.status_code == 201, "a failed request released its key"

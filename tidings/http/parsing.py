@@ -1,0 +1,92 @@
+"""Reading and validating a request's path, query and body (400 naming the field)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import trio
+from pydantic import BaseModel, ValidationError
+from quart import request
+from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
+
+from tidings.http.envelope import bad_request, describe_validation
+from tidings.http.routing import RawBody, Route
+
+
+def query_values() -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in request.args:
+        found = request.args.getlist(name)
+        values[name] = found[0] if len(found) == 1 else found
+    return values
+
+
+def parse_path(route: Route, values: dict[str, str]) -> dict[str, Any]:
+    parsed: dict[str, Any] = {}
+    for name, raw in values.items():
+        kind = route.path_types.get(name, UUID)
+        if kind is UUID:
+            try:
+                parsed[name] = UUID(raw)
+            except ValueError:
+                raise bad_request(f"{name}: {raw!r} is not a valid UUID") from None
+        else:
+            parsed[name] = raw
+    return parsed
+
+
+def parse_query(model: type[BaseModel], values: dict[str, Any]) -> BaseModel:
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        raise bad_request(describe_validation(error, "query")) from None
+
+
+def parse_body(model: type[BaseModel], raw: bytes, required: bool = True) -> BaseModel:
+    if not raw.strip() and not required:
+        raw = b"{}"
+    if not raw.strip():
+        raise bad_request("request body is required: send a JSON object")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as error:
+        if error.errors()[0]["type"] == "json_invalid":
+            raise bad_request("request body is not valid JSON") from None
+        raise bad_request(describe_validation(error, "body")) from None
+
+
+async def read_body(limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit``.
+
+    The application's own limit is the largest of any route's; this one is
+    the route's. A chunked body is counted as it arrives, not buffered whole.
+    """
+    request.max_content_length = limit  # the 413 answer names it
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestEntityTooLarge()
+    received = bytearray()
+    timeout = float("inf") if request.body_timeout is None else request.body_timeout
+    with trio.move_on_after(timeout) as waiting:
+        async for chunk in request.body:
+            received += chunk
+            if len(received) > limit:
+                raise RequestEntityTooLarge()
+    if waiting.cancelled_caught:
+        raise RequestTimeout()
+    return bytes(received)
+
+
+def arguments(
+    route: Route, path_values: dict[str, str], query: dict[str, Any], raw_body: bytes,
+    mimetype: str,
+) -> dict[str, Any]:
+    """The handler's keyword arguments, validated (400 naming what is wrong)."""
+    kwargs = parse_path(route, path_values)
+    if route.query is not None:
+        kwargs["query"] = parse_query(route.query, query)
+    if route.body is not None:
+        kwargs["body"] = parse_body(route.body, raw_body, route.body_required)
+    elif route.raw_body is not None:
+        kwargs["raw_body"] = RawBody(raw_body, mimetype)
+    return kwargs

@@ -1,0 +1,351 @@
+"""The request pipeline every route shares: token, rate limit, validation,
+idempotency, the connection, and the handler.
+
+Every await on a triopg connection crosses from trio to asyncio and back,
+which costs more CPU than the query. A route declared as a storage unit
+(``Routes(..., storage_units=True)``) therefore runs everything a request
+needs from storage as one unit on the asyncio side, in ONE crossing. That is
+the token lookup on a cache miss, the idempotency claim, the handler's
+queries and the stored response. The trio side reads the request before the
+unit runs and writes the response after it. Other routes (their handlers use
+actors, threads or trio itself) keep the connection proxy on the trio side.
+
+Under an ``Idempotency-Key`` the claim is committed on its own first. That
+makes a concurrent request with the same key see "still processing" at once
+instead of waiting. The handler's changes and the stored response then
+commit in one transaction. A failed request releases its claim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+from quart import Response, request
+
+from tidings.actors.idempotency import Proceed, Refuse, Replay, decide
+from tidings.actors.mailbox import ActorError
+from tidings.http.envelope import (
+    ApiError,
+    bad_request,
+    conflict,
+    json_response,
+    success_body,
+)
+from tidings.http.parsing import arguments, parse_path, query_values, read_body
+from tidings.http.ratelimit import RateLimiter
+from tidings.http.routing import MUTATING, Answer, Call, Route
+from tidings.storage import idempotency as records
+from tidings.storage import tokens as token_store
+from tidings.storage.db import AsyncioConnection
+from tidings.storage.tokens import Token
+
+if TYPE_CHECKING:
+    from tidings.service import Service
+
+log = logging.getLogger("tidings.http")
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_KEY_LENGTH = 256
+# How long a request waits for an actor before answering 503.
+ACTOR_TIMEOUT_SECONDS = 10.0
+LOCK_LOST = (
+    "the idempotency lock of this request expired before it completed; retry the request"
+)
+
+Rendered = tuple[int, bytes, dict[str, str]]
+
+
+# --- reading the request (trio side, pure) ----------------------------------
+
+
+def bearer_secret() -> str:
+    headers = request.headers.getlist("Authorization")
+    if len(headers) > 1:
+        # Never pick one of several credentials: refuse them all.
+        raise ApiError(
+            401, "UNAUTHORIZED", "more than one Authorization header: send exactly one"
+        )
+    header = headers[0] if headers else ""
+    if not header:
+        raise ApiError(401, "UNAUTHORIZED", "missing Authorization header with a bearer token")
+    scheme, _, secret = header.strip().partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise ApiError(401, "UNAUTHORIZED", "Authorization header must be 'Bearer <token>'")
+    if any(char.isspace() or char == "," for char in secret):
+        raise ApiError(
+            401, "UNAUTHORIZED", "Authorization header must hold exactly one bearer token"
+        )
+    return secret
+
+
+def secret_hash_of(secret: str) -> bytes | None:
+    """The hash to look the secret up by; None when it cannot be a Tidings token."""
+    if not secret.startswith(token_store.TOKEN_PREFIX):
+        return None
+    return token_store.hash_secret(secret)
+
+
+def admit(route: Route, token: Token | None, rate_limiter: RateLimiter) -> Token:
+    """``token`` may call ``route`` now, or the 401/403/429 that says why not."""
+    if token is None:
+        raise ApiError(401, "UNAUTHORIZED", "invalid token")
+    if token.revoked_at is not None:
+        raise ApiError(401, "UNAUTHORIZED", "token has been revoked")
+    if token.expired:
+        raise ApiError(401, "UNAUTHORIZED", "token has expired")
+    if route.permission is not None and route.permission not in token.permissions:
+        raise ApiError(403, "FORBIDDEN", f"this token lacks the permission {route.permission!r}")
+    if route.step_up and not token.step_up:
+        raise ApiError(
+            403,
+            "STEP_UP_REQUIRED",
+            "this operation needs a step-up token (tidings tokens create --step-up)",
+        )
+    rate_limiter.check(token.id)
+    return token
+
+
+async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -> Token:
+    """The caller's token, checked for this route; from the cache when it can be."""
+    secret_hash = secret_hash_of(bearer_secret())
+    token = None
+    if secret_hash is not None:
+        token = service.tokens.get(secret_hash)
+        if token is None:
+            version = service.tokens.version
+            token = await service.db.run(token_store.find_by_hash, secret_hash)
+            if token is not None:
+                service.tokens.put(secret_hash, token, version)
+    return admit(route, token, rate_limiter)
+
+
+def idempotency_key(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        # Header values arrive as latin-1; clients send UTF-8 for non-ASCII keys.
+        raw = raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        pass
+    key = raw.strip()
+    if not key:
+        raise bad_request(f"{IDEMPOTENCY_HEADER}: must not be empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise bad_request(
+            f"{IDEMPOTENCY_HEADER}: at most {MAX_KEY_LENGTH} characters, got {len(key)}"
+        )
+    return key
+
+
+def fingerprint(raw_body: bytes) -> bytes:
+    """Method, route path, query string and body: what makes two requests the same."""
+    digest = hashlib.sha256()
+    for part in (request.method.encode(), request.path.encode(), request.query_string):
+        digest.update(part)
+        digest.update(b"\n")
+    digest.update(raw_body)
+    return digest.digest()
+
+
+def render(route: Route, result: Any) -> Rendered:
+    if isinstance(result, Answer):
+        status, data, headers = result.status, result.data, result.headers
+    else:
+        status, data, headers = route.status, result, {}
+    body = b"" if status == 204 else success_body(data)
+    return status, body, headers
+
+
+# --- a storage unit: the whole request's storage work in one crossing --------
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """What the unit needs of a request, read on the trio side."""
+
+    secret_hash: bytes | None
+    token: Token | None  # from the cache; None: look it up
+    cache_version: int
+    path_values: dict[str, str]
+    query: dict[str, Any]
+    raw_body: bytes
+    mimetype: str
+    key_header: str | None
+    fingerprint: bytes
+
+
+async def run_unit(
+    conn: AsyncioConnection,
+    service: Service,
+    route: Route,
+    limiter: RateLimiter,
+    incoming: Incoming,
+) -> tuple[Call, Rendered]:
+    """Serve one request on ``conn``. Runs whole on the asyncio side: it awaits
+    nothing but ``conn``. Cancellation rolls back its transaction."""
+    token = incoming.token
+    if token is None:
+        if incoming.secret_hash is not None:
+            token = await token_store.find_by_hash(conn, incoming.secret_hash)
+            if token is not None:
+                service.tokens.put(incoming.secret_hash, token, incoming.cache_version)
+        token = admit(route, token, limiter)
+    kwargs = arguments(
+        route, incoming.path_values, incoming.query, incoming.raw_body, incoming.mimetype
+    )
+    key = idempotency_key(incoming.key_header) if route.method in MUTATING else None
+    call = Call(service, token, conn)
+    if key is None:
+        return call, render(route, await route.handler(call, **kwargs))
+    config = service.config
+    decision = service.idempotency.opened(token.id, key, await decide(
+        conn, token.id, key, incoming.fingerprint,
+        config.idempotency_lock_seconds, config.idempotency_retention_seconds,
+    ))
+    match decision:
+        case Replay(status=status, body=body):
+            return call, (status, body, {"Idempotent-Replayed": "true"})
+        case Refuse(message=message):
+            raise conflict(message)
+        case Proceed(claim=claim):
+            pass
+    stored = False
+    try:
+        async with conn.transaction():
+            rendered = render(route, await route.handler(call, **kwargs))
+            status, body, _ = rendered
+            if 200 <= status < 300:
+                stored_body = service.idempotency.stored_body(
+                    token.id, key, body, secret=route.secret_response
+                )
+                if not await records.complete(conn, token.id, key, claim, status, stored_body):
+                    raise conflict(LOCK_LOST)
+                stored = True
+        return call, rendered
+    finally:
+        if not stored:
+            # Forget the claim so that a retry runs again; if even that
+            # fails, the claim's lock expires after IDEMPOTENCY_LOCK_SECONDS.
+            try:
+                await records.release(conn, token.id, key, claim)
+            except Exception:
+                log.warning("could not release idempotency key %r", key, exc_info=True)
+
+
+# --- routes that stay on the trio side ---------------------------------------
+
+
+async def run_idempotent(
+    service: Service, route: Route, token: Token, kwargs: dict[str, Any], key: str,
+    raw_body: bytes,
+) -> Response:
+    try:
+        with trio.fail_after(ACTOR_TIMEOUT_SECONDS):
+            decision = await service.idempotency.begin(token.id, key, fingerprint(raw_body))
+    except (trio.TooSlowError, ActorError):
+        raise ApiError(
+            503, "SERVICE_UNAVAILABLE", "the idempotency service is busy; retry shortly"
+        ) from None
+    match decision:
+        case Replay(status=status, body=body):
+            return json_response(status, body, {"Idempotent-Replayed": "true"})
+        case Refuse(message=message):
+            raise conflict(message)
+        case Proceed(claim=claim):
+            pass
+    stored = False
+    try:
+        async with service.db.transaction() as conn:
+            call = Call(service, token, conn)
+            result = await route.handler(call, **kwargs)
+            status, body, headers = render(route, result)
+            if 200 <= status < 300:
+                stored_body = service.idempotency.stored_body(
+                    token.id, key, body, secret=route.secret_response
+                )
+                if not await records.complete(conn, token.id, key, claim, status, stored_body):
+                    raise conflict(LOCK_LOST)
+                stored = True
+        call.committed()
+        return json_response(status, body, headers)
+    finally:
+        if not stored:
+            # The request failed: forget the claim so that a retry runs again.
+            with trio.move_on_after(5, shield=True):
+                async with service.db.acquire() as conn:
+                    await records.release(conn, token.id, key, claim)
+
+
+async def run_on_trio(
+    service: Service, route: Route, rate_limiter: RateLimiter, path_values: dict[str, str]
+) -> Response:
+    token = await authorize(service, route, rate_limiter)
+    raw_body = b""
+    if route.method in MUTATING:
+        raw_body = await read_body(route.max_body_bytes(service.config))
+    kwargs = arguments(route, path_values, query_values(), raw_body, request.mimetype)
+    key = (
+        idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
+        if route.method in MUTATING else None
+    )
+    if key is not None:
+        return await run_idempotent(service, route, token, kwargs, key, raw_body)
+    async with service.db.acquire() as conn:
+        call = Call(service, token, conn)
+        result = await route.handler(call, **kwargs)
+    call.committed()
+    return json_response(*render(route, result))
+
+
+async def run_as_unit(
+    service: Service, route: Route, rate_limiter: RateLimiter, path_values: dict[str, str]
+) -> Response:
+    secret_hash = secret_hash_of(bearer_secret())
+    token = None if secret_hash is None else service.tokens.get(secret_hash)
+    if token is not None:
+        admit(route, token, rate_limiter)  # before the body is read, as on a miss
+    elif secret_hash is None:
+        admit(route, None, rate_limiter)
+    raw_body = b""
+    if route.method in MUTATING:
+        raw_body = await read_body(route.max_body_bytes(service.config))
+    key_header = request.headers.get(IDEMPOTENCY_HEADER)
+    incoming = Incoming(
+        secret_hash=secret_hash,
+        token=token,
+        cache_version=service.tokens.version,
+        path_values=path_values,
+        query=query_values(),
+        raw_body=raw_body,
+        mimetype=request.mimetype,
+        key_header=key_header,
+        fingerprint=fingerprint(raw_body) if key_header is not None else b"",
+    )
+    call, (status, body, headers) = await service.db.run(
+        run_unit, service, route, rate_limiter, incoming
+    )
+    call.committed()
+    return json_response(status, body, headers)
+
+
+def make_view(
+    service: Service, route: Route, rate_limiter: RateLimiter
+) -> Callable[..., Awaitable[Response]]:
+    run = run_as_unit if route.storage_unit else run_on_trio
+
+    async def view(**path_values: str) -> Response:
+        if route.public:
+            result = await route.handler(service, **parse_path(route, path_values))
+            return result if isinstance(result, Response) else json_response(
+                *render(route, result)
+            )
+        return await run(service, route, rate_limiter, path_values)
+
+    view.__name__ = f"{route.method.lower()}_{route.handler.__name__}"
+    return view

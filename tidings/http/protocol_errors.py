@@ -1,0 +1,63 @@
+"""Envelopes for requests that never reach the application.
+
+A request line or header that h11 cannot parse, or a head over hypercorn's
+``h11_max_incomplete_size``, is answered by hypercorn itself, before any
+ASGI application runs, with an empty body. CONTRACT §2 allows nothing but
+the error envelope, so this module gives hypercorn's HTTP/1.1 protocol a
+subclass whose error answers carry one. Hypercorn has no setting for that
+answer. The subclass replaces the one name that hypercorn's
+``ProtocolWrapper`` looks up (``hypercorn.protocol.H11Protocol``), and
+``install()`` checks that the pinned hypercorn still works that way.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import h11
+import hypercorn.protocol
+from hypercorn.protocol.h11 import H11Protocol
+
+from tidings.http.envelope import error_body
+
+MESSAGES = {
+    400: "the request is not valid HTTP/1.1 (request line or a header line is malformed)",
+    408: "the request took too long to arrive",
+    413: "the request is too large",
+    414: "the request target is too long",
+    431: "the request line and headers together exceed {limit} bytes",
+}
+
+
+class EnvelopeH11Protocol(H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol, with error answers in the envelope."""
+
+    async def _send_error_response(self, status_code: int) -> None:
+        message = MESSAGES.get(status_code, "the request cannot be processed")
+        body = error_body(
+            "INTERNAL_ERROR" if status_code >= 500 else "BAD_REQUEST",
+            message.format(limit=self.config.h11_max_incomplete_size),
+        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        await self._send_h11_event(
+            h11.Response(
+                status_code=status_code,
+                headers=list(chain(headers, self.config.response_headers("h11"))),
+            )
+        )
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
+
+
+def install() -> None:
+    """Make hypercorn answer protocol errors with envelopes (idempotent)."""
+    current = getattr(hypercorn.protocol, "H11Protocol", None)
+    if current is EnvelopeH11Protocol:
+        return
+    if current is not H11Protocol:
+        raise RuntimeError("hypercorn.protocol.H11Protocol is not hypercorn's own: cannot install")
+    setattr(hypercorn.protocol, "H11Protocol", EnvelopeH11Protocol)  # noqa: B010
