@@ -1,10 +1,13 @@
-"""The base of every request body model, and of list queries with filters."""
+"""The base of every request body model, of list queries with filters, and the
+OpenAPI description of list responses and of responses outside the envelope."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
 from tidings.http.paging import Paging
 
@@ -42,3 +45,26 @@ class ListQuery(Paging):
         if has_nul(value):
             raise ValueError("must not contain NUL characters (\\u0000)")
         return value
+
+
+@functools.cache
+def list_of(model: type[BaseModel]) -> type[BaseModel]:
+    """The OpenAPI description of a list's ``data``: ``{object: "list", data: [...], has_more}``
+    (what ``paging.page`` returns), named ``<Model>List``."""
+    name = model.__name__.removesuffix("Out") + "List"
+    return create_model(
+        name,
+        __doc__=f"A page of {model.__name__.removesuffix('Out')} objects, newest first.",
+        object=(Literal["list"], "list"),  # type: ignore[arg-type,maybe-unrecognized-str-typeform]
+        data=(list[model], ...),  # type: ignore[valid-type]
+        has_more=(bool, ...),
+    )
+
+
+@dataclass(frozen=True)
+class RawContent:
+    """The response of a route that answers something other than the JSON envelope
+    (``response=RawContent(...)`` in its declaration): its media type and schema."""
+
+    media_type: str
+    schema: dict[str, Any]
