@@ -15,9 +15,6 @@ from tidings.service import Service, open_service
 
 log = logging.getLogger("tidings")
 
-# Hypercorn's share of the shutdown grace: time for in-flight requests.
-HTTP_DRAIN_SECONDS = 4.0
-
 
 async def serve_http(
     service: Service,
@@ -31,11 +28,11 @@ async def serve_http(
 
     Reports the bound addresses (``http://host:port``) once it accepts
     requests. On shutdown it stops accepting and lets in-flight requests
-    finish, for up to HTTP_DRAIN_SECONDS.
+    finish, for up to ``TIDINGS_SHUTDOWN_GRACE_SECONDS``.
     """
     http_config = HypercornConfig()
     http_config.bind = [f"{host}:{port}"]
-    http_config.graceful_timeout = HTTP_DRAIN_SECONDS
+    http_config.graceful_timeout = service.config.shutdown_grace_seconds
     http_config.accesslog = None
     http_config.errorlog = logging.getLogger("hypercorn.error")
     http_config.keep_alive_timeout = 75

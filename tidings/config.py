@@ -63,6 +63,33 @@ def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> 
     return values
 
 
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip()
+    if value.lower() not in {choice.lower() for choice in choices}:
+        raise SettingError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
+    return next(choice for choice in choices if choice.lower() == value.lower())
+
+
+def _database_url(env: Mapping[str, str]) -> str | None:
+    raw = (env.get("DATABASE_URL") or "").strip()
+    if not raw:
+        return None
+    scheme = raw.partition("://")[0].lower() if "://" in raw else ""
+    if scheme not in ("postgresql", "postgres"):
+        raise SettingError(
+            "DATABASE_URL must be a postgresql://user:password@host:port/database URL, "
+            f"not {scheme + '://...' if scheme else repr(raw[:40])}"
+        )
+    return raw
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything the service reads from its environment."""
@@ -95,14 +122,17 @@ class Config:
     email_provider: str = "sandbox"
     sms_provider: str = "sandbox"
 
-    shutdown_grace_seconds: float = 5.0
+    # After SIGTERM: how long requests in flight may take to finish (and
+    # then, at most as long again, the actors their current message).
+    shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
+    log_format: str = "text"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
         env = os.environ if env is None else env
         return cls(
-            database_url=env.get("DATABASE_URL") or None,
+            database_url=_database_url(env),
             data_dir=Path(env.get("TIDINGS_DATA_DIR") or ".tidings"),
             db_pool_size=_int(env, "TIDINGS_DB_POOL_SIZE", 10, minimum=2),
             max_body_bytes=_int(env, "TIDINGS_MAX_BODY_BYTES", 1024 * 1024, minimum=1024),
@@ -125,9 +155,13 @@ class Config:
             webhook_allow_private_urls=_bool(env, "WEBHOOK_ALLOW_PRIVATE_URLS", False),
             webhook_concurrency=_int(env, "TIDINGS_WEBHOOK_CONCURRENCY", 8, minimum=1),
             webhook_poll_seconds=_float(env, "TIDINGS_WEBHOOK_POLL_SECONDS", 1.0, minimum=0.05),
-            email_provider=env.get("TIDINGS_EMAIL_PROVIDER") or "sandbox",
-            sms_provider=env.get("TIDINGS_SMS_PROVIDER") or "sandbox",
-            log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
+            email_provider=_choice(env, "TIDINGS_EMAIL_PROVIDER", "sandbox", ("sandbox", "smtp")),
+            sms_provider=_choice(env, "TIDINGS_SMS_PROVIDER", "sandbox", ("sandbox", "twilio")),
+            shutdown_grace_seconds=_float(
+                env, "TIDINGS_SHUTDOWN_GRACE_SECONDS", 30.0, minimum=0.1
+            ),
+            log_level=_choice(env, "TIDINGS_LOG_LEVEL", "INFO", LOG_LEVELS),
+            log_format=_choice(env, "TIDINGS_LOG_FORMAT", "text", LOG_FORMATS),
         )
 
     def with_(self, **changes: object) -> Config:

@@ -1,10 +1,18 @@
-"""Prometheus metrics of one service: HTTP traffic and the actor runtime."""
+"""Prometheus metrics of one service: HTTP traffic, the actor runtime, and the
+process (CPU, memory, open file descriptors, garbage collection)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -65,16 +73,18 @@ class Metrics:
         self.latency = Histogram(
             "tidings_http_request_duration_seconds",
             "Time to answer an HTTP request",
-            ["method", "route"],
+            ["method", "route", "status"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=self.registry,
         )
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.registry.register(_SupervisorCollector(supervisors))
         self.registry.register(_WebhookCollector(webhook_attempts))
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
-        self.latency.labels(method, route).observe(seconds)
+        self.latency.labels(method, route, str(status)).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

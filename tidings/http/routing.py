@@ -23,7 +23,7 @@ from uuid import UUID
 
 import trio
 from pydantic import BaseModel, ValidationError
-from quart import Response, request
+from quart import Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from tidings.actors.idempotency import Proceed, Refuse, Replay
@@ -383,6 +383,7 @@ def make_view(
                 *render(route, result)
             )
         token = await authorize(service, route)
+        g.team_id = token.team_id  # for the access log
         rate_limiter.check(token.id)
         kwargs = parse_path(route, path_values)
         if route.query is not None:
