@@ -98,7 +98,9 @@ async def revoke_token(config: Config, token_id: UUID) -> dict[str, str]:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="tidings", description=DESCRIPTION)
     top.add_argument("--version", action="version", version=f"tidings {__version__}")
-    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = top.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="what to do"
+    )
 
     run = commands.add_parser(
         "serve", help="run the HTTP API and every actor",
@@ -113,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
 
     tokens = commands.add_parser("tokens", help="manage team tokens")
     token_commands = tokens.add_subparsers(
-        dest="tokens_command", required=True, metavar="COMMAND"
+        dest="tokens_command", required=True, metavar="COMMAND", help="what to do"
     )
     create = token_commands.add_parser(
         "create", help="create a token (and its team if new); prints one line of JSON",
@@ -137,7 +139,7 @@ def parser() -> argparse.ArgumentParser:
 
     contacts = commands.add_parser("contacts", help="manage contacts")
     contact_commands = contacts.add_subparsers(
-        dest="contacts_command", required=True, metavar="COMMAND"
+        dest="contacts_command", required=True, metavar="COMMAND", help="what to do"
     )
     load = contact_commands.add_parser(
         "import",
