@@ -36,10 +36,12 @@ async def test_schemathesis_finds_nothing_outside_the_document(
         "--checks", CHECKS,
         "--phases", "fuzzing",
         "--mode", "all",
-        "--max-examples", "5",
+        "--max-examples", "4",
         "--seed", "20261123",
         "--no-shrink",
-        "--workers", "2",
+        # One worker: hypothesis describes strategies with ast.parse, which
+        # CPython 3.11 may fail in concurrent threads (SystemError).
+        "--workers", "1",
         "--request-timeout", "10",
         "--suppress-health-check", "all",
     ]
