@@ -138,7 +138,7 @@ class Service:
                 return round(int(line.split()[1]) / 1024, 1)
         raise HarnessError("no VmHWM in /proc status")
 
-    def stop(self, timeout: float = 10.0) -> Shutdown:
+    def stop(self, timeout: float = 45.0) -> Shutdown:
         """SIGTERM the service and wait; SIGKILL it if it outlives ``timeout``."""
         if self.shutdown is not None:
             return self.shutdown

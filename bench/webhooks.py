@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -33,7 +34,7 @@ import trio
 import triopg
 
 from bench.harness import HarnessError, free_port, log, running_service
-from tidings.storage.db import open_asyncio_bridge, start_embedded, with_database
+from tidings.storage.db import open_asyncio_bridge
 from tidings.storage.events import record_event
 
 
@@ -180,8 +181,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                         if created.status_code != 201:
                             raise HarnessError(f"creating an endpoint: {created.text}")
                         round_.endpoint_ids.append(UUID(created.json()["data"]["id"]))
-            # Join the service's embedded PostgreSQL to record events in it.
-            url = with_database(start_embedded(service.data_dir), "tidings")
+            # Connect to the service's embedded PostgreSQL without joining it:
+            # a process that joins (start_embedded) keeps it running until that
+            # process exits, which is why the service seemed to leave it running.
+            url = _embedded_url(service.data_dir)
             team_id = _team_of(url, rounds[0].endpoint_ids[0])
             trio.run(drive, url, team_id, rounds, args)
             rss = service.peak_rss_mb()
@@ -202,6 +205,16 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "peak_rss_mb": rss,
         "shutdown_exit_code": shutdown.exit_code,
     }
+
+
+def _embedded_url(data_dir: Path) -> str:
+    from pgserver.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(data_dir.resolve() / "pg")
+    if info is None:
+        raise HarnessError("the service's embedded PostgreSQL is not running")
+    url: str = info.get_uri(database="tidings")
+    return url
 
 
 def _team_of(url: str, endpoint_id: UUID) -> UUID:

@@ -1,5 +1,9 @@
 """Fixtures: a real PostgreSQL, a fresh database per test, the real service over HTTP.
 
+Every response that the ``http`` and ``client`` fixtures receive is checked
+against the OpenAPI document (tests/openapi_check.py): a response the
+document does not describe fails the test.
+
 With DATABASE_URL set the tests use that server (they create and drop their
 own databases on it); otherwise one embedded PostgreSQL serves the session.
 Each test gets a database cloned from a migrated template, so tests never
@@ -21,6 +25,7 @@ import pytest
 import trio
 import triopg
 
+from tests.openapi_check import check_hook
 from tidings.app import serve_http
 from tidings.config import Config
 from tidings.permissions import ALL_PERMISSIONS
@@ -116,7 +121,9 @@ async def base_url(service: Service, nursery: trio.Nursery) -> str:
 @pytest.fixture
 async def http(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the running service, without credentials."""
-    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=30, event_hooks={"response": [check_hook]}
+    ) as client:
         yield client
 
 
@@ -164,7 +171,10 @@ async def client(
     base_url: str, acme: Credential
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the running service with a token of team acme holding every permission."""
-    async with httpx.AsyncClient(base_url=base_url, headers=acme.headers, timeout=30) as c:
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=acme.headers, timeout=30,
+        event_hooks={"response": [check_hook]},
+    ) as c:
         yield c
 
 

@@ -19,8 +19,9 @@ from tidings.service import Service, open_service
 
 log = logging.getLogger("tidings")
 
-# Hypercorn's share of the shutdown grace: time for in-flight requests.
-HTTP_DRAIN_SECONDS = 4.0
+# The time requests in flight get to finish after a shutdown begins; Tidings
+# passes its TIDINGS_SHUTDOWN_GRACE_SECONDS.
+DEFAULT_GRACE_SECONDS = 30.0
 
 
 def reusable_socket(host: str, port: int) -> int:
@@ -48,6 +49,7 @@ async def serve_asgi(
     port: int,
     *,
     reuse_port: bool = False,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -55,13 +57,14 @@ async def serve_asgi(
 
     Reports the bound addresses (``http://host:port``) once it accepts
     requests. On shutdown it stops accepting and lets in-flight requests
-    finish, for up to HTTP_DRAIN_SECONDS. (``python -m bench api`` serves its
-    bare comparison app with this too.)
+    finish, for up to ``grace_seconds`` (``TIDINGS_SHUTDOWN_GRACE_SECONDS`` for
+    Tidings). (``python -m bench api`` serves its bare comparison app with
+    this too.)
     """
     protocol_errors.install()
     http_config = HypercornConfig()
     http_config.bind = [f"fd://{reusable_socket(host, port)}" if reuse_port else f"{host}:{port}"]
-    http_config.graceful_timeout = HTTP_DRAIN_SECONDS
+    http_config.graceful_timeout = grace_seconds
     http_config.accesslog = None
     http_config.errorlog = logging.getLogger("hypercorn.error")
     http_config.keep_alive_timeout = 75
@@ -85,6 +88,7 @@ async def serve_http(
     """Serve the HTTP API of ``service`` until ``shutdown_trigger`` returns."""
     await serve_asgi(
         create_app(service), host, port, reuse_port=reuse_port,
+        grace_seconds=service.config.shutdown_grace_seconds,
         shutdown_trigger=shutdown_trigger, task_status=task_status,
     )
 

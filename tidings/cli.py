@@ -1,4 +1,8 @@
-"""The ``tidings`` command: serve, bootstrap or revoke credentials, import contacts."""
+"""The ``tidings`` command: serve, bootstrap or revoke credentials, import contacts.
+
+Every bad setting, and a database that cannot be reached or used, ends the
+command with one line on stderr and exit status 1.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,16 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
+import asyncpg
 import trio
 
-from tidings import importing
+from tidings import __version__, importing
 from tidings.app import serve
 from tidings.config import Config, SettingError
+from tidings.logging_setup import configure_logging
 from tidings.permissions import ALL_PERMISSIONS, unknown_permissions
 from tidings.storage import quotas as quota_store
 from tidings.storage import tokens as token_store
@@ -24,18 +31,13 @@ from tidings.workers import run_workers, watch_parent
 
 log = logging.getLogger("tidings")
 
-# After SIGTERM/Ctrl-C everything is done by then, finished or cancelled.
-SHUTDOWN_DEADLINE_SECONDS = 9.5
+# After the grace for requests in flight, what the actors get to stop.
+ACTOR_STOP_SECONDS = 5.0
 
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # The embedded server narrates every start at INFO.
-    logging.getLogger("pgserver").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+DESCRIPTION = (
+    "Tidings: transactional email and SMS, templates, contacts, broadcasts and signed "
+    "webhooks. Settings are environment variables (see the README)."
+)
 
 
 async def run_until_signal(
@@ -50,9 +52,14 @@ async def run_until_signal(
                     log.warning("second signal: stopping now")
                     cancel_scope.cancel()
                     return
-                log.info("%s received: draining", signal.Signals(signum).name)
+                log.info(
+                    "%s received: draining; requests in flight get up to %gs",
+                    signal.Signals(signum).name, config.shutdown_grace_seconds,
+                )
                 stop.set()
-                cancel_scope.deadline = trio.current_time() + SHUTDOWN_DEADLINE_SECONDS
+                cancel_scope.deadline = (
+                    trio.current_time() + config.shutdown_grace_seconds + ACTOR_STOP_SECONDS
+                )
 
     with trio.CancelScope() as everything:
         async with trio.open_nursery() as nursery:
@@ -147,12 +154,22 @@ async def manage_quotas(config: Config, args: argparse.Namespace) -> dict[str, o
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="tidings", description=__doc__)
-    commands = top.add_subparsers(dest="command", required=True)
+    top = argparse.ArgumentParser(prog="tidings", description=DESCRIPTION)
+    top.add_argument("--version", action="version", version=f"tidings {__version__}")
+    commands = top.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="what to do"
+    )
 
-    run = commands.add_parser("serve", help="run the HTTP API and every actor")
-    run.add_argument("--host", default="127.0.0.1")
-    run.add_argument("--port", type=int, default=8080)
+    run = commands.add_parser(
+        "serve", help="run the HTTP API and every actor",
+        description="Run the HTTP API and every actor until SIGTERM or Ctrl-C.",
+    )
+    run.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    run.add_argument(
+        "--port", type=int, default=8080, help="port to listen on (default: %(default)s)"
+    )
     run.add_argument(
         "--workers", type=int, default=1, metavar="N",
         help="processes serving the port together (SO_REUSEPORT); default 1",
@@ -161,37 +178,57 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
 
     tokens = commands.add_parser("tokens", help="manage team tokens")
-    token_commands = tokens.add_subparsers(dest="tokens_command", required=True)
+    token_commands = tokens.add_subparsers(
+        dest="tokens_command", required=True, metavar="COMMAND", help="what to do"
+    )
     create = token_commands.add_parser(
-        "create", help="create a token (and its team if new); prints one line of JSON"
+        "create", help="create a token (and its team if new); prints one line of JSON",
+        description="Create a token (and its team if new); prints one line of JSON.",
     )
     create.add_argument("--team", required=True, help="team name")
     chosen = create.add_mutually_exclusive_group()
     chosen.add_argument("--permissions", help="comma-separated; default: every permission")
     chosen.add_argument("--all", action="store_true", help="every permission")
-    create.add_argument("--expires-in", type=float, metavar="SECONDS")
+    create.add_argument(
+        "--expires-in", type=float, metavar="SECONDS",
+        help="the token expires this many seconds from now (default: never)",
+    )
     create.add_argument(
         "--step-up", action="store_true", help="a step-up token (lives at most 15 minutes)"
     )
-    revoke = token_commands.add_parser("revoke", help="revoke a token")
-    revoke.add_argument("token_id", type=UUID)
+    revoke = token_commands.add_parser(
+        "revoke", help="revoke a token", description="Revoke a token at once, in every process."
+    )
+    revoke.add_argument("token_id", type=UUID, help="the token's id (token_id)")
 
     contacts = commands.add_parser("contacts", help="manage contacts")
-    contact_commands = contacts.add_subparsers(dest="contacts_command", required=True)
+    contact_commands = contacts.add_subparsers(
+        dest="contacts_command", required=True, metavar="COMMAND", help="what to do"
+    )
     load = contact_commands.add_parser(
         "import",
         help="import a CSV file (or a .json array) through the HTTP API; prints one line of JSON",
+        description=(
+            "Import a CSV file (or a .json array) through POST /contacts/import. "
+            "Progress goes to stderr; the added-up report, one line of JSON, to stdout."
+        ),
     )
     load.add_argument("file", type=Path, help="CSV with a header row, or a .json array")
     load.add_argument("--team-token", required=True, help="a token with contacts:write")
     load.add_argument("--segment-id", type=UUID, help="add every imported contact to it")
-    load.add_argument("--url", default="http://127.0.0.1:8080", help="the service's address")
+    load.add_argument(
+        "--url", default="http://127.0.0.1:8080",
+        help="the service's address (default: %(default)s)",
+    )
     load.add_argument(
         "--batch-size", type=int, default=importing.MAX_ROWS, metavar="ROWS",
         help=f"rows per request (at most {importing.MAX_ROWS}, the service's limit)",
     )
+    load.add_argument("--quiet", action="store_true", help="no progress on stderr")
     quotas = commands.add_parser("quotas", help="a team's limits on emails and SMS")
-    quota_commands = quotas.add_subparsers(dest="quotas_command", required=True)
+    quota_commands = quotas.add_subparsers(
+        dest="quotas_command", required=True, metavar="COMMAND", help="what to do"
+    )
     set_quotas = quota_commands.add_parser(
         "set", help="set some of a team's quotas; prints its quotas as one line of JSON"
     )
@@ -208,19 +245,42 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    try:
-        config = Config.from_env()
-    except SettingError as error:
-        raise SystemExit(f"tidings: {error}") from None
-    configure_logging(config.log_level if args.command == "serve" else "WARNING")
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    found = [error]
+    cause = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    if cause is not None:
+        found += _leaves(cause)
+    return found
+
+
+def storage_failure(error: BaseException) -> str | None:
+    """Why the database could not be used, in one line; None for any other error."""
+    for leaf in _leaves(error):
+        if isinstance(leaf, (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)):
+            reason = " ".join(str(leaf).split()) or type(leaf).__name__
+            return f"{reason} ({type(leaf).__name__})"
+    return None
+
+
+def where_the_database_is(config: Config) -> str:
+    if config.database_url is None:
+        return f"the embedded PostgreSQL in {config.data_dir} (TIDINGS_DATA_DIR)"
+    parts = urlsplit(config.database_url)
+    shown = parts._replace(netloc=parts.netloc.rpartition("@")[2])
+    return f"{urlunsplit(shown)} (DATABASE_URL)"
+
+
+def run_command(args: argparse.Namespace, config: Config) -> None:
     if args.command == "contacts":
         if not 1 <= args.batch_size <= importing.MAX_ROWS:
             raise SystemExit(f"tidings: --batch-size must be 1 to {importing.MAX_ROWS}")
+        progress = None if args.quiet else importing.Progress(sys.stderr)
         try:
             report = importing.import_file(
-                args.file, args.url, args.team_token, args.segment_id, args.batch_size
+                args.file, args.url, args.team_token, args.segment_id, args.batch_size,
+                progress=progress,
             )
         except importing.ImportFailed as failure:
             raise SystemExit(f"tidings: {failure}") from None
@@ -243,3 +303,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(json.dumps(trio.run(create_token, config, args)), flush=True)
     else:
         print(json.dumps(trio.run(revoke_token, config, args.token_id)), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        config = Config.from_env()
+    except SettingError as error:
+        raise SystemExit(f"tidings: {error}") from None
+    configure_logging(
+        config.log_level if args.command == "serve" else "WARNING", config.log_format
+    )
+    try:
+        run_command(args, config)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as error:
+        reason = storage_failure(error)
+        if reason is None:
+            raise
+        raise SystemExit(
+            f"tidings: cannot use the database at {where_the_database_is(config)}: {reason}"
+        ) from None

@@ -72,13 +72,31 @@ def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> 
     return values
 
 
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
-    raw = (env.get(name) or "").strip()
-    if not raw:
-        return choices[0]
-    if raw.lower() not in choices:
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip()
+    if value.lower() not in {choice.lower() for choice in choices}:
         raise SettingError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
-    return raw.lower()
+    return next(choice for choice in choices if choice.lower() == value.lower())
+
+
+def _database_url(env: Mapping[str, str]) -> str | None:
+    raw = (env.get("DATABASE_URL") or "").strip()
+    if not raw:
+        return None
+    scheme = raw.partition("://")[0].lower() if "://" in raw else ""
+    if scheme not in ("postgresql", "postgres"):
+        raise SettingError(
+            "DATABASE_URL must be a postgresql://user:password@host:port/database URL, "
+            f"not {scheme + '://...' if scheme else repr(raw[:40])}"
+        )
+    return raw
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -293,14 +311,17 @@ class Config:
     public_url: str = "http://127.0.0.1:8080"
     quotas: QuotaDefaults = QuotaDefaults()
 
-    shutdown_grace_seconds: float = 5.0
+    # After SIGTERM: how long requests in flight may take to finish (and
+    # then, at most as long again, the actors their current message).
+    shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
+    log_format: str = "text"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
         env = os.environ if env is None else env
         return _check_providers(cls(
-            database_url=env.get("DATABASE_URL") or None,
+            database_url=_database_url(env),
             data_dir=Path(env.get("TIDINGS_DATA_DIR") or ".tidings"),
             db_pool_size=_int(env, "TIDINGS_DB_POOL_SIZE", 10, minimum=2),
             max_body_bytes=_int(env, "TIDINGS_MAX_BODY_BYTES", 1024 * 1024, minimum=1024),
@@ -336,8 +357,8 @@ class Config:
             webhook_allow_private_urls=_bool(env, "WEBHOOK_ALLOW_PRIVATE_URLS", False),
             webhook_concurrency=_int(env, "TIDINGS_WEBHOOK_CONCURRENCY", 8, minimum=1),
             webhook_poll_seconds=_float(env, "TIDINGS_WEBHOOK_POLL_SECONDS", 1.0, minimum=0.05),
-            email_provider=_choice(env, "TIDINGS_EMAIL_PROVIDER", EMAIL_PROVIDERS),
-            sms_provider=_choice(env, "TIDINGS_SMS_PROVIDER", SMS_PROVIDERS),
+            email_provider=_choice(env, "TIDINGS_EMAIL_PROVIDER", "sandbox", EMAIL_PROVIDERS),
+            sms_provider=_choice(env, "TIDINGS_SMS_PROVIDER", "sandbox", SMS_PROVIDERS),
             smtp_url=_smtp_url(env, "TIDINGS_SMTP_URL"),
             dns_nameservers=_nameservers(env, "TIDINGS_DNS_NAMESERVERS"),
             twilio_account_sid=(env.get("TWILIO_ACCOUNT_SID") or "").strip() or None,
@@ -345,7 +366,11 @@ class Config:
             twilio_api_url=_http_url(env, "TIDINGS_TWILIO_API_URL", "https://api.twilio.com"),
             public_url=_http_url(env, "TIDINGS_PUBLIC_URL", "http://127.0.0.1:8080"),
             quotas=QuotaDefaults.from_env(env),
-            log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
+            shutdown_grace_seconds=_float(
+                env, "TIDINGS_SHUTDOWN_GRACE_SECONDS", 30.0, minimum=0.1
+            ),
+            log_level=_choice(env, "TIDINGS_LOG_LEVEL", "INFO", LOG_LEVELS),
+            log_format=_choice(env, "TIDINGS_LOG_FORMAT", "text", LOG_FORMATS),
         ))
 
     def with_(self, **changes: object) -> Config:

@@ -1,11 +1,20 @@
-"""Prometheus metrics of one service: HTTP traffic and the actor runtime."""
+"""Prometheus metrics of one service: HTTP traffic, the actor runtime, and the
+process (CPU, memory, open file descriptors, garbage collection)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -77,7 +86,7 @@ class Metrics:
         self.latency = Histogram(
             "tidings_http_request_duration_seconds",
             "Time to answer an HTTP request",
-            ["method", "route"],
+            ["method", "route", "status"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=self.registry,
         )
@@ -85,13 +94,15 @@ class Metrics:
         Gauge(
             "tidings_process", "This process (its pid)", ["pid"], registry=self.registry
         ).labels(str(os.getpid())).set(1)
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.registry.register(_SupervisorCollector(supervisors))
         self.registry.register(_WebhookCollector(webhook_attempts))
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in METHODS else "OTHER"
         self.requests.labels(method, route, str(status)).inc()
-        self.latency.labels(method, route).observe(seconds)
+        self.latency.labels(method, route, str(status)).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

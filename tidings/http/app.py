@@ -35,6 +35,7 @@ from tidings.http.pipeline import make_view
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes
 from tidings.http.shedding import Shedder
+from tidings.logging_setup import choose_request_id, log_access, request_id
 from tidings.storage.errors import Duplicate
 from tidings.storage.quotas import QuotaExceeded
 
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from tidings.service import Service
 
 log = logging.getLogger("tidings.http")
+
+REQUEST_ID_HEADER = "X-Request-Id"
 
 GROUPS: tuple[Routes, ...] = (
     system.routes,
@@ -69,6 +72,13 @@ HTTP_CODES = {
     429: "TOO_MANY_REQUESTS",
     503: "SERVICE_UNAVAILABLE",
 }
+
+
+def _route_template(rule: str | None) -> str:
+    """The route as the docs write it (``/contacts/{contact_id}``); ``unmatched`` for none."""
+    if rule is None:
+        return "unmatched"
+    return rule.replace("<", "{").replace(">", "}")
 
 
 def all_routes() -> list[Route]:
@@ -119,13 +129,21 @@ def create_app(service: Service) -> QuartTrio:
     @app.before_request
     async def start_clock() -> None:
         g.started = time.perf_counter()
+        g.request_id = choose_request_id(request.headers.get(REQUEST_ID_HEADER))
+        request_id.set(g.request_id)
 
     @app.after_request
     async def count(response: Response) -> Response:
-        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        route = _route_template(request.url_rule.rule if request.url_rule is not None else None)
         started = getattr(g, "started", None)
         elapsed = 0.0 if started is None else time.perf_counter() - started
-        service.metrics.observe(request.method, rule, response.status_code, elapsed)
+        service.metrics.observe(request.method, route, response.status_code, elapsed)
+        rid = getattr(g, "request_id", None) or choose_request_id(None)
+        response.headers[REQUEST_ID_HEADER] = rid
+        log_access(
+            request.method, route, response.status_code, elapsed, getattr(g, "team_id", None),
+            rid,
+        )
         return response
 
     app.register_error_handler(Duplicate, envelope.duplicate_response)

@@ -39,8 +39,8 @@ class CreateContact(RequestBody):
     last_name: str | None = Field(None, max_length=255)
     unsubscribed: bool = False
     sms_consent_status: ConsentStatus = "unknown"
-    sms_consent_source: str = Field(
-        "api", min_length=1, max_length=50,
+    sms_consent_source: str | None = Field(
+        None, min_length=1, max_length=50,
         description=SOURCE + " (only with an sms_consent_status other than unknown; default api)",
     )
     properties: dict[str, Any] = Field(
@@ -52,6 +52,8 @@ class CreateContact(RequestBody):
     def reachable(self) -> Self:
         if self.email is None and self.phone is None:
             raise ValueError("a contact needs an email or a phone")
+        if "sms_consent_source" in self.model_fields_set and self.sms_consent_source is None:
+            raise ValueError("sms_consent_source: must not be null")
         # The source describes a change of status; "unknown" records none.
         if "sms_consent_source" in self.model_fields_set and self.sms_consent_status == "unknown":
             raise ValueError(
@@ -194,7 +196,7 @@ async def create_contact(call: Call, body: CreateContact) -> ContactOut:
         normalized_phone=normalized,
         phone_country=country,
         sms_consent_status=body.sms_consent_status,
-        sms_consent_source=body.sms_consent_source,
+        sms_consent_source=body.sms_consent_source or "api",
         first_name=body.first_name,
         last_name=body.last_name,
         unsubscribed=body.unsubscribed,

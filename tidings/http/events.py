@@ -9,6 +9,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field
 
 from tidings.http.envelope import not_found
+from tidings.http.models import list_of
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Call, Routes
 from tidings.storage import events as store
@@ -46,7 +47,7 @@ class EventQuery(Paging):
 
 @routes.route(
     "GET", "/events", summary="List the team's events, newest first",
-    permission="webhooks:read", query=EventQuery, response=EventOut,
+    permission="webhooks:read", query=EventQuery, response=list_of(EventOut),
 )
 async def list_events(call: Call, query: EventQuery) -> dict[str, Any]:
     found = await store.list_events(
@@ -73,7 +74,7 @@ async def get_event(call: Call, event_id: UUID) -> EventOut:
 
 @routes.route(
     "GET", "/event-types", summary="The catalogue of event types",
-    permission="webhooks:read", response=EventTypeOut,
+    permission="webhooks:read", response=list_of(EventTypeOut),
 )
 async def list_event_types(call: Call) -> dict[str, Any]:
     types = [EventTypeOut(name=name, description=text) for name, text in EVENT_TYPES.items()]

@@ -1,11 +1,14 @@
-"""The base of every request body model, of list queries with filters, and of
-response bodies made from storage objects."""
+"""The base of every request body model, of list queries with filters, of
+response bodies made from storage objects, and the OpenAPI description of
+list responses and of responses outside the envelope."""
 
 from __future__ import annotations
 
-from typing import Self
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
 from tidings.fields import refuse_nul
 from tidings.http.paging import Paging
@@ -33,3 +36,26 @@ class Resource(BaseModel):
     @classmethod
     def of(cls, found: object) -> Self:
         return cls.model_validate(found)
+
+
+@functools.cache
+def list_of(model: type[BaseModel]) -> type[BaseModel]:
+    """The OpenAPI description of a list's ``data``: ``{object: "list", data: [...], has_more}``
+    (what ``paging.page`` returns), named ``<Model>List``."""
+    name = model.__name__.removesuffix("Out") + "List"
+    return create_model(
+        name,
+        __doc__=f"A page of {model.__name__.removesuffix('Out')} objects, newest first.",
+        object=(Literal["list"], "list"),  # type: ignore[arg-type,maybe-unrecognized-str-typeform]
+        data=(list[model], ...),  # type: ignore[valid-type]
+        has_more=(bool, ...),
+    )
+
+
+@dataclass(frozen=True)
+class RawContent:
+    """The response of a route that answers something other than the JSON envelope
+    (``response=RawContent(...)`` in its declaration): its media type and schema."""
+
+    media_type: str
+    schema: dict[str, Any]

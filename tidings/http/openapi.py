@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json_schema
 
 from tidings import __version__
+from tidings.http.models import RawContent
 from tidings.http.routing import MUTATING, Route
 
 REF = "#/components/schemas/{model}"
@@ -37,13 +38,28 @@ ERROR_ENVELOPE = {
     },
 }
 
-ERRORS_OF_EVERY_ROUTE = {
-    "400": "Malformed request: the message names the field and the reason",
-    "401": "Missing, invalid, expired or revoked token",
-    "403": "The token lacks the permission (FORBIDDEN) or is not a step-up token",
-    "429": "Rate limit exceeded; see Retry-After",
-    "500": "Internal error",
+ERROR_DESCRIPTIONS = {
+    400: "Malformed request: the message names the field and the reason",
+    401: "Missing, invalid, expired or revoked token",
+    403: "The token lacks the permission (FORBIDDEN) or is not a step-up token",
+    404: "Not found (also for another team's resources)",
+    409: "Conflict: idempotency key reuse, uniqueness, or a state that does not allow it",
+    413: "The request body is larger than the route's limit",
+    422: "Well-formed but impossible",
+    429: "Rate limit exceeded; see Retry-After",
+    500: "Internal error; the details are in the server log",
+    503: "Storage unreachable, the service busy or shedding load; retry shortly",
 }
+
+
+class _ResponseSchema(GenerateJsonSchema):
+    """Response fields are always present: a field with a default is required too,
+    so generated clients do not make every field optional."""
+
+    def field_is_required(self, field: Any, total: bool) -> bool:
+        if self.mode == "serialization":
+            return not field.get("serialization_exclude")
+        return super().field_is_required(field, total)
 
 
 def _envelope(data_schema: dict[str, Any]) -> dict[str, Any]:
@@ -54,13 +70,35 @@ def _envelope(data_schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _models(routes: list[Route]) -> list[type[BaseModel]]:
-    found: dict[str, type[BaseModel]] = {}
-    for route in routes:
-        for model in (route.body, route.response):
-            if isinstance(model, type) and issubclass(model, BaseModel):
-                found[model.__name__] = model
-    return list(found.values())
+def _is_model(value: Any) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseModel)
+
+
+def _names_ids(route: Route) -> bool:
+    """Whether the query or body names other resources (a missing one is 404)."""
+    fields = [
+        name
+        for model in (route.query, route.body)
+        if model is not None
+        for name in model.model_fields
+    ]
+    return any(name.endswith(("_id", "_ids")) for name in fields)
+
+
+def error_statuses(route: Route) -> list[int]:
+    """Every error status the pipeline or the handler of ``route`` may answer."""
+    statuses = {500, 503}
+    if route.path_params or route.query is not None or not route.public:
+        statuses.add(400)
+    if not route.public:
+        statuses |= {401, 403, 429}
+        if route.path_params or route.raw_body is not None or _names_ids(route):
+            statuses.add(404)
+        if route.method in MUTATING:
+            statuses |= {409, 413}
+        if route.body is not None or route.raw_body is not None:
+            statuses.add(422)
+    return sorted(statuses)
 
 
 def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
@@ -72,7 +110,7 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
     ]
 
 
-def _operation(route: Route, refs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _operation(route: Route, refs: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
     parameters: list[dict[str, Any]] = [
         {
             "name": name,
@@ -99,30 +137,28 @@ def _operation(route: Route, refs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     responses: dict[str, Any] = {}
     if route.status == 204:
         responses["204"] = {"description": "Done; no body"}
-    else:
-        data = refs.get(route.response.__name__) if isinstance(route.response, type) else None
+    elif isinstance(route.response, RawContent):
         responses[str(route.status)] = {
             "description": route.summary,
-            "content": {"application/json": {"schema": _envelope(data or {})}},
+            "content": {route.response.media_type: {"schema": route.response.schema}},
         }
-    if not route.public:
-        for status, description in ERRORS_OF_EVERY_ROUTE.items():
-            responses[status] = {
-                "description": description,
-                "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
-            }
-        if route.path_params:
-            responses["404"] = {
-                "description": "Not found (also for another team's resources)",
-                "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
-            }
-        if route.method in MUTATING:
-            responses["409"] = {
-                "description": "Conflict: idempotency key reuse, uniqueness, or state",
-                "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
-            }
+    else:
+        data = (
+            refs[(route.response.__name__, "serialization")]
+            if _is_model(route.response)
+            else {}
+        )
+        responses[str(route.status)] = {
+            "description": route.summary,
+            "content": {"application/json": {"schema": _envelope(data)}},
+        }
+    for status in error_statuses(route):
+        responses[str(status)] = {
+            "description": ERROR_DESCRIPTIONS[status],
+            "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
+        }
     operation: dict[str, Any] = {
-        "operationId": f"{route.method.lower()}_{route.handler.__name__}",
+        "operationId": route.handler.__name__,
         "summary": route.summary,
         "tags": [route.tag],
         "parameters": parameters,
@@ -137,7 +173,9 @@ def _operation(route: Route, refs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if route.body is not None:
         operation["requestBody"] = {
             "required": route.body_required,
-            "content": {"application/json": {"schema": refs[route.body.__name__]}},
+            "content": {
+                "application/json": {"schema": refs[(route.body.__name__, "validation")]}
+            },
         }
     elif route.raw_body is not None:
         operation["requestBody"] = {"required": True, "content": route.raw_body}
@@ -145,11 +183,18 @@ def _operation(route: Route, refs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def build(routes: list[Route]) -> dict[str, Any]:
-    models = _models(routes)
+    wanted: dict[tuple[str, str], tuple[type[BaseModel], JsonSchemaMode]] = {}
+    for route in routes:
+        if route.body is not None:
+            wanted[(route.body.__name__, "validation")] = (route.body, "validation")
+        if _is_model(route.response):
+            wanted[(route.response.__name__, "serialization")] = (
+                route.response, "serialization"
+            )
     keys, definitions = models_json_schema(
-        [(model, "validation") for model in models], ref_template=REF
+        list(wanted.values()), ref_template=REF, schema_generator=_ResponseSchema
     )
-    refs = {model.__name__: keys[(model, "validation")] for model in models}
+    refs = {key: keys[pair] for key, pair in wanted.items()}
     schemas = dict(definitions.get("$defs", {}))
     schemas["Error"] = ERROR_ENVELOPE
     paths: dict[str, dict[str, Any]] = {}

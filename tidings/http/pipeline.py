@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
-from quart import Response, request
+from quart import Response, g, request
 
 from tidings.actors.idempotency import Proceed, Refuse, Replay, decide
 from tidings.actors.mailbox import ActorError
@@ -286,6 +286,7 @@ async def run_on_trio(
     service: Service, route: Route, rate_limiter: RateLimiter, path_values: dict[str, str]
 ) -> Response:
     token = await authorize(service, route, rate_limiter)
+    g.team_id = token.team_id  # for the access log
     raw_body = b""
     if route.method in MUTATING:
         raw_body = await read_body(route.max_body_bytes(service.config))
@@ -330,6 +331,7 @@ async def run_as_unit(
     call, (status, body, headers) = await service.db.run(
         run_unit, service, route, rate_limiter, incoming
     )
+    g.team_id = call.team_id  # for the access log
     call.committed()
     return json_response(status, body, headers)
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 import triopg
+from pydantic import BaseModel
 from quart import Response, current_app
 
 from tidings.http.envelope import ApiError
+from tidings.http.models import RawContent
 from tidings.http.openapi import DOCUMENT_CONFIG, ROUTES_CONFIG, openapi_document
 from tidings.http.routing import Routes
 from tidings.storage.db import Database
@@ -76,9 +78,18 @@ def readiness(db: Database) -> Readiness:
     return found
 
 
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Ready(BaseModel):
+    status: Literal["ready"] = "ready"
+
+
 @routes.route(
     "GET", "/healthz", public=True,
     summary="Liveness: the process and its event loop answer (storage is not checked)",
+    response=Health,
 )
 async def healthz(service: Service) -> dict[str, Any]:
     return {"status": "ok"}
@@ -87,6 +98,7 @@ async def healthz(service: Service) -> dict[str, Any]:
 @routes.route(
     "GET", "/readyz", public=True,
     summary="Readiness: storage is reachable and every migration is applied; 503 otherwise",
+    response=Ready,
 )
 async def readyz(service: Service) -> dict[str, Any]:
     problem = await readiness(service.db).problem()
@@ -95,14 +107,20 @@ async def readyz(service: Service) -> dict[str, Any]:
     return {"status": "ready"}
 
 
-@routes.route("GET", "/metrics", summary="Prometheus metrics (text format)", public=True)
+@routes.route(
+    "GET", "/metrics", summary="Prometheus metrics (text format)", public=True,
+    response=RawContent("text/plain", {"type": "string"}),
+)
 async def metrics(service: Service) -> Response:
     return Response(
         service.metrics.render(), status=200, content_type="text/plain; version=0.0.4"
     )
 
 
-@routes.route("GET", "/openapi.json", summary="This OpenAPI description", public=True)
+@routes.route(
+    "GET", "/openapi.json", summary="This OpenAPI description", public=True,
+    response=RawContent("application/json", {"type": "object"}),
+)
 async def openapi(service: Service) -> Response:
     # The routes come from the app: this module is one of the groups they describe.
     config = current_app.config

@@ -11,7 +11,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tidings.http.envelope import ApiError, conflict, not_found
-from tidings.http.models import RequestBody
+from tidings.http.models import RequestBody, list_of
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import events as event_store
@@ -208,7 +208,7 @@ async def create_endpoint(call: Call, body: CreateEndpoint) -> EndpointWithSecre
 
 @routes.route(
     "GET", "/webhook-endpoints", summary="List webhook endpoints", permission="webhooks:read",
-    query=Paging, response=EndpointOut,
+    query=Paging, response=list_of(EndpointOut),
 )
 async def list_endpoints(call: Call, query: Paging) -> dict[str, Any]:
     found = await store.list_endpoints(call.conn, call.team_id, query.limit + 1, query.offset)
@@ -314,7 +314,7 @@ async def test_endpoint(call: Call, endpoint_id: UUID) -> DeliveryOut:
 @routes.route(
     "GET", "/webhook-endpoints/{endpoint_id}/deliveries",
     summary="List an endpoint's deliveries, newest first", permission="webhooks:read",
-    query=DeliveryQuery, response=DeliveryOut,
+    query=DeliveryQuery, response=list_of(DeliveryOut),
 )
 async def list_deliveries(call: Call, endpoint_id: UUID, query: DeliveryQuery) -> dict[str, Any]:
     await _endpoint(call, endpoint_id)

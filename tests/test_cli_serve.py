@@ -1,0 +1,103 @@
+"""``tidings serve`` as a real process: shutdown lets a slow request finish,
+then stops the embedded PostgreSQL; logs are JSON lines with the access log;
+``tidings contacts import`` shows its progress."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.conftest import Credential
+from tests.test_e2e import free_port, service_env, wait_healthy
+
+ROWS = 50_000
+
+
+def contacts_csv(rows: int) -> bytes:
+    lines = ["email,first_name"] + [f"user{n}@example.com,User {n}" for n in range(rows)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+async def test_sigterm_lets_an_import_in_flight_finish_then_stops_postgres(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "data"
+    env = {**service_env(data_dir), "TIDINGS_LOG_FORMAT": "json", "TIDINGS_LOG_LEVEL": "INFO"}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log_file:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "tidings", "serve", "--port", str(port)],
+            env=env, stderr=log_file, stdout=log_file,
+        )
+        try:
+            await wait_healthy(url, process)
+            created = await trio.run_process(
+                [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme"],
+                env=env, capture_stdout=True,
+            )
+            token = json.loads(created.stdout)["token"]
+            body = contacts_csv(ROWS)
+            answer: list[httpx.Response] = []
+
+            async def import_all() -> None:
+                async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                    answer.append(await client.post(
+                        "/contacts/import", content=body,
+                        headers={"Authorization": f"Bearer {token}",
+                                 "Content-Type": "text/csv", "X-Request-Id": "big-import"},
+                    ))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(import_all)
+                await trio.sleep(1.0)  # the body is sent; the service is importing
+                assert not answer, "the import finished before SIGTERM: use more rows"
+                process.send_signal(signal.SIGTERM)
+            with trio.fail_after(60):
+                code = await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+    assert code == 0
+    [response] = answer
+    assert response.status_code == 200, response.text
+    assert response.json()["data"]["created"] == ROWS
+    assert response.headers["X-Request-Id"] == "big-import"
+    # Logs: one JSON object per line, the access log among them.
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line]
+    [access] = [r for r in records if r.get("request_id") == "big-import"
+                and r["logger"] == "tidings.access"]
+    assert access["route"] == "/contacts/import" and access["status"] == 200
+    assert access["method"] == "POST" and access["team_id"]
+    assert access["duration_ms"] > 0
+    # The embedded PostgreSQL was stopped with the last process using it.
+    assert not list(data_dir.rglob("postmaster.pid"))
+
+
+async def test_contacts_import_shows_progress_unless_quiet(
+    base_url: str, acme: Credential, tmp_path: Path
+) -> None:
+    credential = acme
+    path = tmp_path / "contacts.csv"
+    path.write_bytes(contacts_csv(250))
+    command = [
+        sys.executable, "-m", "tidings", "contacts", "import", str(path),
+        "--team-token", credential.secret, "--url", base_url, "--batch-size", "100",
+    ]
+    loud = await trio.run_process(command, capture_stdout=True, capture_stderr=True)
+    progress = loud.stderr.decode().splitlines()
+    assert any("sent rows 201 to 250 of 250" in line for line in progress), progress
+    assert any("250 of 250 rows imported" in line and "rows/s" in line for line in progress)
+    assert json.loads(loud.stdout)["rows"] == 250
+    quiet = await trio.run_process([*command, "--quiet"], capture_stdout=True,
+                                   capture_stderr=True)
+    assert quiet.stderr == b""
+    assert json.loads(quiet.stdout)["updated"] == 250

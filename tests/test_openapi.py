@@ -1,0 +1,147 @@
+"""GET /openapi.json describes what the server really answers.
+
+The conformance check itself runs on every response of the ``http`` and
+``client`` fixtures (tests/openapi_check.py); these tests pin the parts of
+the document that generated clients depend on, and the checker.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Credential
+from tests.openapi_check import NotInTheDocument, check_response, document
+from tidings.http.app import all_routes
+
+
+def _schema(ref_or_schema: dict[str, Any]) -> dict[str, Any]:
+    ref = ref_or_schema.get("$ref")
+    if ref is None:
+        return ref_or_schema
+    found: dict[str, Any] = document()["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    return found
+
+
+def _data_schema(method: str, path: str, status: str) -> dict[str, Any]:
+    response = document()["paths"][path][method]["responses"][status]
+    envelope = response["content"]["application/json"]["schema"]
+    return _schema(envelope["properties"]["data"])
+
+
+LIST_ROUTES = [
+    ("/contacts", "ContactList"),
+    ("/contact-properties", "PropertyList"),
+    ("/topics", "TopicList"),
+    ("/segments", "SegmentList"),
+    ("/suppressions", "SuppressionList"),
+    ("/templates", "TemplateList"),
+    ("/tokens", "TokenList"),
+    ("/webhook-endpoints", "EndpointList"),
+    ("/webhook-endpoints/{endpoint_id}/deliveries", "DeliveryList"),
+    ("/events", "EventList"),
+    ("/event-types", "EventTypeList"),
+]
+
+
+@pytest.mark.parametrize(("path", "name"), LIST_ROUTES)
+def test_list_routes_declare_the_list_object(path: str, name: str) -> None:
+    data = _data_schema("get", path, "200")
+    assert data["title"] == name
+    assert set(data["required"]) == {"object", "data", "has_more"}
+    assert data["properties"]["object"]["const"] == "list"
+    assert data["properties"]["data"]["type"] == "array"
+    assert data["properties"]["has_more"]["type"] == "boolean"
+
+
+def test_operation_ids_are_the_handler_names() -> None:
+    ids = [
+        operation["operationId"]
+        for methods in document()["paths"].values()
+        for operation in methods.values()
+    ]
+    assert len(ids) == len(set(ids)) == len(all_routes())
+    assert "get_contact" in ids and "list_contacts" in ids
+    doubled = [i for i in ids if re.match(r"(get|post|patch|put|delete)_\1_", i)]
+    assert doubled == []
+
+
+def test_metrics_is_text_and_openapi_is_plain_json() -> None:
+    metrics = document()["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain"]
+    own = document()["paths"]["/openapi.json"]["get"]["responses"]["200"]["content"]
+    assert own["application/json"]["schema"] == {"type": "object"}
+
+
+def test_every_operation_declares_its_errors_with_the_envelope() -> None:
+    for path, methods in document()["paths"].items():
+        for method, operation in methods.items():
+            responses = operation["responses"]
+            for status in ("500", "503"):
+                assert status in responses, (method, path, status)
+            if operation.get("security") != []:
+                for status in ("400", "401", "403", "429"):
+                    assert status in responses, (method, path, status)
+            if "{" in path:
+                assert "404" in responses, (method, path)
+            for status, response in responses.items():
+                if status.startswith(("4", "5")):
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/Error"}
+
+
+async def test_declared_defaults_of_create_contact_are_accepted(
+    client: httpx.AsyncClient,
+) -> None:
+    """A client that sends every documented default gets its contact (it used to get 400)."""
+    schema = document()["components"]["schemas"]["CreateContact"]
+    defaults = {
+        name: prop["default"]
+        for name, prop in schema["properties"].items()
+        if "default" in prop and prop["default"] is not None
+    }
+    response = await client.post("/contacts", json={"email": "ada@example.com", **defaults})
+    assert response.status_code == 201, response.text
+    assert response.json()["data"]["sms_consent_status"] == "unknown"
+    explicit_null = await client.post(
+        "/contacts",
+        json={"email": "bob@example.com", "sms_consent_status": "opted_in",
+              "sms_consent_source": None},
+    )
+    assert explicit_null.status_code == 400, explicit_null.text
+
+
+async def test_list_responses_and_raw_routes_pass_the_check(
+    http: httpx.AsyncClient, client: httpx.AsyncClient, acme: Credential
+) -> None:
+    # Each response goes through the fixtures' check; these would fail it
+    # with a document that declared the wrong shapes.
+    assert (await client.get("/webhook-endpoints")).status_code == 200
+    assert (await client.get("/events")).status_code == 200
+    assert (await client.get("/event-types")).json()["data"]["object"] == "list"
+    metrics = await http.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert (await http.get("/openapi.json")).json()["openapi"] == "3.1.0"
+
+
+def _response(status: int, body: bytes, content_type: str = "application/json") -> httpx.Response:
+    return httpx.Response(status, content=body, headers={"content-type": content_type})
+
+
+def test_the_check_refuses_what_the_document_does_not_say() -> None:
+    ok = b'{"success":true,"data":{"status":"ok"}}'
+    check_response("GET", "/healthz", _response(200, ok))
+    with pytest.raises(NotInTheDocument, match="status not declared"):
+        check_response("GET", "/healthz", _response(418, b"{}"))
+    with pytest.raises(NotInTheDocument, match="does not match"):
+        check_response("GET", "/healthz", _response(200, b'{"success":true,"data":[]}'))
+    with pytest.raises(NotInTheDocument, match="media type"):
+        check_response("GET", "/metrics", _response(200, b"{}"))
+    with pytest.raises(NotInTheDocument, match="not the error envelope"):
+        check_response("GET", "/nowhere", _response(404, b'{"detail":"no"}'))
+    listed = b'{"success":true,"data":{"object":"list","data":[{"id":1}],"has_more":false}}'
+    with pytest.raises(NotInTheDocument, match="does not match"):
+        check_response("GET", "/contacts", _response(200, listed))
