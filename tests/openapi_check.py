@@ -20,6 +20,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from tidings.http.app import all_routes
 from tidings.http.openapi import openapi_document
 
 DOCUMENT_URI = "urn:tidings:openapi"
@@ -43,7 +44,7 @@ def _pointer(*parts: str) -> str:
 
 @functools.cache
 def document() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(openapi_document())
+    loaded: dict[str, Any] = json.loads(openapi_document(all_routes()))
     return loaded
 
 
