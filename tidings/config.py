@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tidings.email.dns import parse_nameservers
+from tidings.email.names import domain_name
+
 
 class SettingError(ValueError):
     """A setting has a value Tidings cannot use."""
@@ -63,6 +66,31 @@ def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> 
     return values
 
 
+def _nameservers(env: Mapping[str, str], name: str) -> tuple[tuple[str, int], ...]:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return ()
+    try:
+        return parse_nameservers(raw)
+    except ValueError as error:
+        raise SettingError(
+            f"{name} must be comma-separated ip[:port] items, not {raw!r}: {error}"
+        ) from None
+
+
+def _host(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    host = raw.strip().lower().removesuffix(".")
+    if host != "localhost":
+        try:
+            host = domain_name(host)
+        except ValueError as error:
+            raise SettingError(f"{name} must be a host name, not {raw!r}: {error}") from None
+    return host
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything the service reads from its environment."""
@@ -94,6 +122,13 @@ class Config:
 
     email_provider: str = "sandbox"
     sms_provider: str = "sandbox"
+
+    # Name servers (ip, port) that verify sending domains; () for the system's.
+    dns_nameservers: tuple[tuple[str, int], ...] = ()
+    # The host that sends and takes delivery reports: the SPF and return-path records name it.
+    mail_host: str = "localhost"
+    # How often a verified domain's records are looked up again.
+    domain_recheck_seconds: float = 3600.0
 
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
@@ -127,6 +162,11 @@ class Config:
             webhook_poll_seconds=_float(env, "TIDINGS_WEBHOOK_POLL_SECONDS", 1.0, minimum=0.05),
             email_provider=env.get("TIDINGS_EMAIL_PROVIDER") or "sandbox",
             sms_provider=env.get("TIDINGS_SMS_PROVIDER") or "sandbox",
+            dns_nameservers=_nameservers(env, "TIDINGS_DNS_NAMESERVERS"),
+            mail_host=_host(env, "TIDINGS_MAIL_HOST", "localhost"),
+            domain_recheck_seconds=_float(
+                env, "TIDINGS_DOMAIN_RECHECK_SECONDS", 3600.0, minimum=1
+            ),
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
         )
 

@@ -19,6 +19,7 @@ from tidings.http import (
     contact_import,
     contact_properties,
     contacts,
+    domains,
     events,
     segments,
     suppressions,
@@ -49,6 +50,7 @@ GROUPS: tuple[Routes, ...] = (
     templates.routes,
     webhooks.routes,
     events.routes,
+    domains.routes,
 )
 
 HTTP_CODES = {
