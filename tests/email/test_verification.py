@@ -14,7 +14,7 @@ from tests.conftest import assert_error
 from tests.email.dns_server import Zone, serve_dns
 from tests.http.audience import ok
 from tidings.config import Config
-from tidings.email.dns import Resolver, check, parse_nameservers
+from tidings.email.dns import Resolver, check
 from tidings.email.records import Record
 from tidings.email.verification import recheck_due
 from tidings.service import Service
@@ -192,12 +192,3 @@ async def test_long_txt_records_are_joined(zone: tuple[Zone, tuple[str, int]]) -
     zone[0].txt("s._domainkey.example.com", value)
     record = Record("TXT", "s._domainkey.example.com", value, "dkim")
     assert await check(Resolver([zone[1]]), [record]) == ["verified"]
-
-
-def test_parse_nameservers() -> None:
-    assert parse_nameservers("127.0.0.1:5353, 10.0.0.1,::1,[::1]:53") == (
-        ("127.0.0.1", 5353), ("10.0.0.1", 53), ("::1", 53), ("::1", 53)
-    )
-    for bad in ("", "localhost", "1.2.3.4:0", "1.2.3.4:x", "1.2.3.4:70000"):
-        with pytest.raises(ValueError):
-            parse_nameservers(bad)

@@ -6,7 +6,6 @@ resolver configuration. Nothing is cached: each check asks again.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 
 import dns.asyncresolver
@@ -26,29 +25,6 @@ Nameserver = tuple[str, int]
 class LookupFailed(Exception):
     """DNS gave no answer either way (timeout, SERVFAIL, refused): the record's
     state is unknown, which is not the same as missing."""
-
-
-def parse_nameservers(raw: str) -> tuple[Nameserver, ...]:
-    """``ip[:port]`` items separated by commas; IPv6 with a port as ``[ip]:port``."""
-    servers: list[Nameserver] = []
-    for item in (part.strip() for part in raw.split(",")):
-        if not item:
-            continue
-        host, port = item, 53
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            if rest:
-                port = int(rest.removeprefix(":"))
-        elif item.count(":") == 1:
-            host, _, text = item.partition(":")
-            port = int(text)
-        if not 0 < port < 65536:
-            raise ValueError(f"port {port} is out of range")
-        ipaddress.ip_address(host)
-        servers.append((host, port))
-    if not servers:
-        raise ValueError("no name server given")
-    return tuple(servers)
 
 
 class Resolver:
