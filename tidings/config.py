@@ -252,6 +252,8 @@ class Config:
     mail_host: str = "localhost"
     # How often a verified domain's records are looked up again.
     domain_recheck_seconds: float = 3600.0
+    # SMTP connections to TIDINGS_SMTP_URL kept open and used at once, per process.
+    smtp_connections: int = 8
 
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
@@ -295,6 +297,7 @@ class Config:
             domain_recheck_seconds=_float(
                 env, "TIDINGS_DOMAIN_RECHECK_SECONDS", 3600.0, minimum=1
             ),
+            smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
         ))
 
