@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from bench import api, importing, render, webhooks
+from bench import api, importing, render, smtp, webhooks
 from bench.harness import HarnessError, log
 
 
@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "api": api,
     "import": importing,
     "render": render,
+    "smtp": smtp,
     "webhooks": webhooks,
 }
 
