@@ -19,6 +19,7 @@ from tidings.http import (
     contact_import,
     contact_properties,
     contacts,
+    emails,
     events,
     segments,
     suppressions,
@@ -47,6 +48,7 @@ GROUPS: tuple[Routes, ...] = (
     segments.routes,
     suppressions.routes,
     templates.routes,
+    emails.routes,
     webhooks.routes,
     events.routes,
 )
