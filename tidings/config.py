@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tidings.email.names import domain_name
+
+EMAIL_PROVIDERS = ("sandbox", "smtp")
+SMS_PROVIDERS = ("sandbox", "twilio")
+StartTls = Literal["require", "auto", "off"]
 
 
 class SettingError(ValueError):
@@ -63,6 +72,142 @@ def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> 
     return values
 
 
+def _host(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    host = raw.strip().lower().removesuffix(".")
+    if host != "localhost":
+        try:
+            host = domain_name(host)
+        except ValueError as error:
+            raise SettingError(f"{name} must be a host name, not {raw!r}: {error}") from None
+    return host
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return choices[0]
+    if raw.lower() not in choices:
+        raise SettingError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
+    return raw.lower()
+
+
+@dataclass(frozen=True)
+class SmtpUrl:
+    """``TIDINGS_SMTP_URL``: ``smtp://[user:password@]host[:port][?starttls=...]`` or
+    ``smtps://`` (TLS from the first byte). ``starttls``: ``require`` (refuse a
+    server that does not offer it), ``auto`` (use it when offered; the default)
+    or ``off``; always ``off`` with smtps."""
+
+    host: str
+    port: int
+    implicit_tls: bool
+    starttls: StartTls
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+def parse_smtp_url(raw: str, name: str = "TIDINGS_SMTP_URL") -> SmtpUrl:
+    shape = "smtp://[user:password@]host[:port][?starttls=require|auto|off] or smtps://..."
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
+        raise SettingError(f"{name} must look like {shape}, not {raw!r}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise SettingError(f"{name} has a bad port: {raw!r}") from None
+    if parts.path not in ("", "/") or parts.fragment:
+        raise SettingError(f"{name} must not have a path or fragment: {raw!r}")
+    implicit = parts.scheme == "smtps"
+    starttls: StartTls = "off" if implicit else "auto"
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key != "starttls":
+            raise SettingError(f"{name}: unknown parameter {key!r}; only starttls is known")
+        if value not in ("require", "auto", "off"):
+            raise SettingError(f"{name}: starttls must be require, auto or off, not {value!r}")
+        if implicit and value != "off":
+            raise SettingError(f"{name}: starttls does not apply to smtps:// (TLS from the start)")
+        starttls = value  # type: ignore[assignment]
+    return SmtpUrl(
+        host=parts.hostname,
+        port=port if port is not None else (465 if implicit else 25),
+        implicit_tls=implicit,
+        starttls=starttls,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+    )
+
+
+def _smtp_url(env: Mapping[str, str], name: str) -> SmtpUrl | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return parse_smtp_url(raw, name)
+
+
+def _nameservers(env: Mapping[str, str], name: str) -> tuple[tuple[str, int], ...]:
+    """``ip[:port]`` items, comma-separated; IPv6 with a port as ``[ip]:port``."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return ()
+    servers = []
+    for item in (part.strip() for part in raw.split(",")):
+        host, port_text = item, "53"
+        if item.startswith("["):
+            host, bracket, rest = item[1:].partition("]")
+            if not bracket or (rest and not rest.startswith(":")):
+                raise SettingError(f"{name}: {item!r} is not ip[:port]")
+            port_text = rest[1:] or "53"
+        elif item.count(":") == 1:
+            host, _, port_text = item.partition(":")
+        try:
+            address = ipaddress.ip_address(host)
+            port = int(port_text)
+        except ValueError:
+            raise SettingError(f"{name}: {item!r} is not ip[:port]") from None
+        if not 1 <= port <= 65535:
+            raise SettingError(f"{name}: {item!r} has a port outside 1..65535")
+        servers.append((str(address), port))
+    return tuple(servers)
+
+
+def _http_url(env: Mapping[str, str], name: str, default: str) -> str:
+    """An ``http(s)://host[:port][/path]`` base URL, without a trailing slash."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    parts = urlsplit(raw)
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise SettingError(f"{name} has a bad port: {raw!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingError(f"{name} must be an http:// or https:// URL, not {raw!r}")
+    if parts.query or parts.fragment:
+        raise SettingError(f"{name} must not have a query or fragment: {raw!r}")
+    return raw.rstrip("/")
+
+
+def _check_providers(config: Config) -> Config:
+    """The chosen providers have what they need."""
+    if config.email_provider == "smtp" and config.smtp_url is None:
+        raise SettingError("TIDINGS_EMAIL_PROVIDER=smtp needs TIDINGS_SMTP_URL")
+    if config.sms_provider == "twilio":
+        missing = [
+            name
+            for name, value in (
+                ("TWILIO_ACCOUNT_SID", config.twilio_account_sid),
+                ("TWILIO_AUTH_TOKEN", config.twilio_auth_token),
+            )
+            if not value
+        ]
+        if missing:
+            raise SettingError(f"TIDINGS_SMS_PROVIDER=twilio needs {' and '.join(missing)}")
+    return config
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything the service reads from its environment."""
@@ -94,6 +239,19 @@ class Config:
 
     email_provider: str = "sandbox"
     sms_provider: str = "sandbox"
+    smtp_url: SmtpUrl | None = None
+    # Empty: the system resolver.
+    dns_nameservers: tuple[tuple[str, int], ...] = ()
+    twilio_account_sid: str | None = None
+    twilio_auth_token: str | None = field(default=None, repr=False)
+    twilio_api_url: str = "https://api.twilio.com"
+    # Unsubscribe links and provider callbacks are built on it.
+    public_url: str = "http://127.0.0.1:8080"
+
+    # The host that sends and takes delivery reports: the SPF and return-path records name it.
+    mail_host: str = "localhost"
+    # How often a verified domain's records are looked up again.
+    domain_recheck_seconds: float = 3600.0
 
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
@@ -101,7 +259,7 @@ class Config:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
         env = os.environ if env is None else env
-        return cls(
+        return _check_providers(cls(
             database_url=env.get("DATABASE_URL") or None,
             data_dir=Path(env.get("TIDINGS_DATA_DIR") or ".tidings"),
             db_pool_size=_int(env, "TIDINGS_DB_POOL_SIZE", 10, minimum=2),
@@ -125,10 +283,20 @@ class Config:
             webhook_allow_private_urls=_bool(env, "WEBHOOK_ALLOW_PRIVATE_URLS", False),
             webhook_concurrency=_int(env, "TIDINGS_WEBHOOK_CONCURRENCY", 8, minimum=1),
             webhook_poll_seconds=_float(env, "TIDINGS_WEBHOOK_POLL_SECONDS", 1.0, minimum=0.05),
-            email_provider=env.get("TIDINGS_EMAIL_PROVIDER") or "sandbox",
-            sms_provider=env.get("TIDINGS_SMS_PROVIDER") or "sandbox",
+            email_provider=_choice(env, "TIDINGS_EMAIL_PROVIDER", EMAIL_PROVIDERS),
+            sms_provider=_choice(env, "TIDINGS_SMS_PROVIDER", SMS_PROVIDERS),
+            smtp_url=_smtp_url(env, "TIDINGS_SMTP_URL"),
+            dns_nameservers=_nameservers(env, "TIDINGS_DNS_NAMESERVERS"),
+            twilio_account_sid=(env.get("TWILIO_ACCOUNT_SID") or "").strip() or None,
+            twilio_auth_token=(env.get("TWILIO_AUTH_TOKEN") or "").strip() or None,
+            twilio_api_url=_http_url(env, "TIDINGS_TWILIO_API_URL", "https://api.twilio.com"),
+            public_url=_http_url(env, "TIDINGS_PUBLIC_URL", "http://127.0.0.1:8080"),
+            mail_host=_host(env, "TIDINGS_MAIL_HOST", "localhost"),
+            domain_recheck_seconds=_float(
+                env, "TIDINGS_DOMAIN_RECHECK_SECONDS", 3600.0, minimum=1
+            ),
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
-        )
+        ))
 
     def with_(self, **changes: object) -> Config:
         return replace(self, **changes)  # type: ignore[arg-type]

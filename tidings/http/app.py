@@ -19,6 +19,7 @@ from tidings.http import (
     contact_import,
     contact_properties,
     contacts,
+    domains,
     emails,
     events,
     segments,
@@ -51,6 +52,7 @@ GROUPS: tuple[Routes, ...] = (
     emails.routes,
     webhooks.routes,
     events.routes,
+    domains.routes,
 )
 
 HTTP_CODES = {

@@ -1,0 +1,124 @@
+"""The SMS provider interface: what a send worker hands over and what it gets back.
+
+Like email (``tidings.providers.email``), a send answers with the status now
+and, where the provider knows them in advance (the sandbox), the statuses and
+replies that follow, each ``after`` a delay; the worker writes the later ones
+as due work in PostgreSQL. A real provider (Twilio's Messages API) reports
+later statuses by status callback or when asked (``fetch``, for
+``POST /sms/{id}/sync``). Throttling (HTTP 429) or an unreachable API is a
+``retry`` of the whole send, not a failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal, Protocol
+from uuid import UUID
+
+# The spec's SMS statuses (``last_event``); CONTRACT §8 orders them.
+SmsStatus = Literal[
+    "queued", "processing", "submitted", "sent", "delivered", "undelivered",
+    "rejected", "failed", "expired", "unknown", "canceled",
+]
+SMS_STATUSES: tuple[SmsStatus, ...] = (
+    "queued", "processing", "submitted", "sent", "delivered", "undelivered",
+    "rejected", "failed", "expired", "unknown", "canceled",
+)
+SenderIdType = Literal["alphanumeric", "long_code", "short_code"]
+SenderIdDecision = Literal["approved", "pending", "rejected"]
+
+NOW = timedelta(0)
+
+
+@dataclass(frozen=True)
+class OutgoingSms:
+    """One text message as a provider sends it. ``to`` is E.164; ``sender`` an
+    approved sender ID of the team; ``status_callback`` the URL the provider
+    reports statuses to (built on ``TIDINGS_PUBLIC_URL``), if any."""
+
+    message_id: UUID
+    team_id: UUID
+    to: str
+    sender: str
+    body: str
+    status_callback: str | None = None
+
+
+@dataclass(frozen=True)
+class SmsUpdate:
+    """A status of the message, ``after`` the send returned (0: now).
+    ``code``/``message`` are the provider's error code and text, if any."""
+
+    status: SmsStatus
+    after: timedelta = NOW
+    code: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class InboundSms:
+    """A message the recipient sends back, ``after`` the send returned
+    (``STOP`` opts the number out, CONTRACT §6)."""
+
+    sender: str
+    recipient: str
+    body: str
+    after: timedelta = NOW
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The provider did not take the message now (429, 5xx, unreachable):
+    send it again, not before ``after`` when the provider said so."""
+
+    code: str | None
+    message: str
+    after: timedelta | None = None
+
+
+@dataclass(frozen=True)
+class SmsResult:
+    """The answer to one send: ``retry`` set and nothing else, or the provider's
+    message id and at least one update with ``after == 0``."""
+
+    provider: str
+    provider_message_id: str | None
+    updates: tuple[SmsUpdate, ...] = ()
+    inbound: tuple[InboundSms, ...] = ()
+    retry: Retry | None = None
+
+    def now(self) -> tuple[SmsUpdate, ...]:
+        """The statuses to record in the attempt's own transaction, in order."""
+        return tuple(u for u in self.updates if u.after <= NOW)
+
+    def later(self) -> tuple[SmsUpdate, ...]:
+        """The statuses to write as due work, in the order they fall due."""
+        return tuple(sorted((u for u in self.updates if u.after > NOW), key=lambda u: u.after))
+
+
+class SmsProvider(Protocol):
+    """Where text messages go: ``sandbox`` or ``twilio`` (``TIDINGS_SMS_PROVIDER``)."""
+
+    @property
+    def name(self) -> str:
+        ...
+
+    @property
+    def approves_sender_ids_instantly(self) -> bool:
+        """True when every sender ID is approved at creation without asking."""
+        ...
+
+    async def review_sender_id(self, value: str, type: SenderIdType) -> SenderIdDecision:
+        """The decision on a new sender ID (Twilio: does the account own the number)."""
+        ...
+
+    async def send(self, sms: OutgoingSms) -> SmsResult:
+        """Hand ``sms`` over. Cancelled midway, the provider may have taken it
+        without a result: a retry may send it twice."""
+        ...
+
+    async def fetch(self, provider_message_id: str) -> SmsUpdate | None:
+        """The message's current status at the provider (``after`` is 0); None if
+        the provider does not know the id."""
+        ...
