@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.conftest import assert_error
 from tests.email.helpers import events, later, ok, send
+
+
+@pytest.fixture
+def client(client: httpx.AsyncClient, acme_domain: str) -> httpx.AsyncClient:
+    """Team acme's client, once acme.example is its verified sending domain."""
+    return client
 
 
 async def many_events(client: httpx.AsyncClient, count: int) -> str:

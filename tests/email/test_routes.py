@@ -6,9 +6,16 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.conftest import Credential, MakeToken, assert_error
+from tests.conftest import MakeToken, assert_error
 from tests.email.helpers import SENDER, events, later, ok, send
+
+
+@pytest.fixture
+def client(client: httpx.AsyncClient, acme_domain: str) -> httpx.AsyncClient:
+    """Team acme's client, once acme.example is its verified sending domain."""
+    return client
 
 
 async def test_send_answers_202_with_object_and_id(client: httpx.AsyncClient) -> None:
@@ -183,7 +190,7 @@ async def test_another_teams_email_is_404(
     assert_error(await client.get("/emails/not-a-uuid"), 400, "BAD_REQUEST")
 
 
-async def test_permissions(make_token: MakeToken, base_url: str, acme: Credential) -> None:
+async def test_permissions(make_token: MakeToken, base_url: str, acme_domain: str) -> None:
     reader = await make_token(permissions=["email:read"])
     sender = await make_token(permissions=["email:send"])
     body = {"from": SENDER, "to": "a@example.com", "subject": "x", "text": "x",
@@ -206,3 +213,36 @@ async def test_permissions(make_token: MakeToken, base_url: str, acme: Credentia
         assert ok(await reading.get(f"/emails/{email_id}"))["status"] == "scheduled"
         assert len(await events(reading, email_id)) == 1
         ok(await sending.post(f"/emails/{email_id}/cancel"))
+
+
+async def test_from_must_be_on_a_verified_domain_of_the_team(
+    client: httpx.AsyncClient, make_token: MakeToken, base_url: str
+) -> None:
+    base = {"to": "a@example.com", "subject": "x", "text": "x"}
+    for sender in ("hi@elsewhere.example", "Acme <hi@sub.acme.example>"):
+        message = assert_error(
+            await client.post("/emails", json={**base, "from": sender}),
+            422, "UNPROCESSABLE_ENTITY",
+        )
+        assert message.startswith("from:")
+    pending = ok(await client.post("/domains", json={"name": "pending.example"}), 201)
+    assert pending["status"] == "pending"
+    assert_error(
+        await client.post("/emails", json={**base, "from": "hi@pending.example"}),
+        422, "UNPROCESSABLE_ENTITY",
+    )
+    # Another team's verified domain is not this team's.
+    other = await make_token(team="globex")
+    async with httpx.AsyncClient(base_url=base_url, headers=other.headers) as theirs:
+        assert_error(
+            await theirs.post("/emails", json={**base, "from": SENDER}),
+            422, "UNPROCESSABLE_ENTITY",
+        )
+    batch = [{**base, "from": SENDER}, {**base, "from": "hi@elsewhere.example"}]
+    message = assert_error(
+        await client.post("/emails/batch", json=batch), 422, "UNPROCESSABLE_ENTITY"
+    )
+    assert message.startswith("1.from")
+    assert ok(await client.get("/emails"))["data"] == []
+    # The domain matches in any case.
+    await send(client, **{"from": "HI@ACME.EXAMPLE"})

@@ -4,9 +4,16 @@ both only while it is scheduled (409 after)."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.conftest import assert_error
 from tests.email.helpers import events, later, ok, send
+
+
+@pytest.fixture
+def client(client: httpx.AsyncClient, acme_domain: str) -> httpx.AsyncClient:
+    """Team acme's client, once acme.example is its verified sending domain."""
+    return client
 
 
 async def test_a_scheduled_email_waits_with_a_scheduled_event(client: httpx.AsyncClient) -> None:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+from tidings.storage.domains import sending_domain
 from tidings.storage.events import NewEvent, record_events
 from tidings.storage.suppressions import suppressed
 
@@ -340,21 +341,20 @@ class UnverifiedDomain(Exception):
         self.domain = domain
 
 
-async def verified_domains(conn: Any, team_id: UUID, names: set[str]) -> set[str]:
-    """Those of ``names`` that are verified sending domains of the team."""
-    # Until sending domains exist, every domain is taken as verified.
-    return set(names)
-
-
 async def accept(conn: Any, team_id: UUID, emails: Sequence[NewEmail]) -> list[NewEmail]:
     """Check and store emails as one unit: their domains must be verified
     (else UnverifiedDomain, nothing stored), suppressed recipients are found,
     and the emails are stored with their first events in one transaction
     (a savepoint inside the caller's). Returns them as stored."""
-    verified = await verified_domains(conn, team_id, {e.domain for e in emails})
+    names = {e.domain for e in emails}
+    domains = {name: await sending_domain(conn, team_id, name) for name in names}
+    checked = []
     for index, email in enumerate(emails):
-        if email.domain not in verified:
+        domain = domains[email.domain]
+        if domain is None:
             raise UnverifiedDomain(index, email.domain)
+        checked.append(replace(email, domain=domain.name))
+    emails = checked
     blocked = await suppressed(conn, team_id, [a for e in emails for a in e.send_to])
     if blocked:
         emails = [replace(e, suppressed=[a for a in e.send_to if a in blocked]) for e in emails]
