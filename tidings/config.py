@@ -253,6 +253,15 @@ class Config:
     # How often a verified domain's records are looked up again.
     domain_recheck_seconds: float = 3600.0
 
+    # Seconds between the attempts of an email whose recipients were deferred.
+    email_retry_schedule: tuple[float, ...] = (30, 120, 600, 1800, 3600, 7200)
+    # Sends in flight at once per team, per process.
+    email_concurrency: int = 64
+    # How long a claimed email is this process's before another may take it.
+    email_lease_seconds: float = 60.0
+    # How often each process looks for due emails it was not told about.
+    email_poll_seconds: float = 1.0
+
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
 
@@ -295,6 +304,12 @@ class Config:
             domain_recheck_seconds=_float(
                 env, "TIDINGS_DOMAIN_RECHECK_SECONDS", 3600.0, minimum=1
             ),
+            email_retry_schedule=_schedule(
+                env, "TIDINGS_EMAIL_RETRY_SCHEDULE", (30, 120, 600, 1800, 3600, 7200)
+            ),
+            email_concurrency=_int(env, "TIDINGS_EMAIL_CONCURRENCY", 64, minimum=1),
+            email_lease_seconds=_float(env, "TIDINGS_EMAIL_LEASE_SECONDS", 60.0, minimum=1),
+            email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
         ))
 

@@ -28,6 +28,8 @@ STATUSES: tuple[str, ...] = (
     "complained", "failed", "suppressed", "canceled",
 )
 CHANNEL = "email"
+# Every process LISTENs here; the payload is the id of a team with an email due now.
+DUE_CHANNEL = "tidings_emails_due"
 
 EMAIL_COLUMNS = """
 id, team_id, from_address, from_email, to_addresses, cc, bcc, reply_to, subject, html, text,
@@ -36,7 +38,9 @@ smtp_message_id, provider, attempt_count, last_error, created_at, updated_at
 """
 EVENT_COLUMNS = "id, email_id, type, recipient, occurred_at, provider, code, message"
 
-INSERT_EMAILS = """
+# The team's senders are woken when (and only if) the transaction commits.
+INSERT_EMAILS = f"""
+WITH inserted AS (
 INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, cc, bcc, reply_to,
                     to_lookup, send_to, subject, html, text, headers, tags, status,
                     scheduled_at, template_id, template_version_id, domain, smtp_message_id,
@@ -59,6 +63,10 @@ FROM unnest($2::uuid[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::tex
      AS i(id, from_address, from_email, lists, subject, html, text, headers, tags, status,
           scheduled_at, template_id, template_version_id, domain, smtp_message_id,
           provider, status_at)
+RETURNING status
+)
+SELECT pg_notify('{DUE_CHANNEL}', $1::text)
+WHERE EXISTS (SELECT 1 FROM inserted WHERE status = 'queued')
 """
 
 INSERT_EVENTS = """
@@ -144,9 +152,14 @@ class NewEmail:
 
     @property
     def status(self) -> str:
-        if not set(self.send_to) - set(self.suppressed):
+        if not self.remaining:
             return "suppressed"
         return "scheduled" if self.scheduled_at is not None else "queued"
+
+    @property
+    def remaining(self) -> list[str]:
+        """The envelope recipients to send to: those not suppressed."""
+        return [a for a in self.send_to if a not in set(self.suppressed)]
 
     @property
     def smtp_message_id(self) -> str:
@@ -314,7 +327,7 @@ async def accept_emails(conn: Any, team_id: UUID, emails: Sequence[NewEmail]) ->
         [e.id for e in emails],
         [e.from_address for e in emails],
         [e.from_email for e in emails],
-        [json.dumps([e.to, e.cc, e.bcc, e.reply_to, e.to_lookup, e.send_to]) for e in emails],
+        [json.dumps([e.to, e.cc, e.bcc, e.reply_to, e.to_lookup, e.remaining]) for e in emails],
         [e.subject for e in emails],
         [e.html for e in emails],
         [e.text for e in emails],

@@ -47,7 +47,7 @@ CREATE INDEX emails_team_status ON emails (team_id, status, created_at DESC, id 
 CREATE INDEX emails_to ON emails USING gin (to_lookup);
 CREATE INDEX emails_smtp_message_id ON emails (smtp_message_id);
 -- What the send worker scans: only emails that still have a send to make.
-CREATE INDEX emails_due ON emails (next_attempt_at) WHERE next_attempt_at IS NOT NULL;
+CREATE INDEX emails_due ON emails (team_id, next_attempt_at) WHERE next_attempt_at IS NOT NULL;
 
 -- One row per state change of an email; its id is the id of the webhook
 -- event recorded with it.
