@@ -252,6 +252,8 @@ class Config:
     mail_host: str = "localhost"
     # How often a verified domain's records are looked up again.
     domain_recheck_seconds: float = 3600.0
+    # SMTP connections to TIDINGS_SMTP_URL kept open and used at once, per process.
+    smtp_connections: int = 8
 
     # Seconds between the attempts of an email whose recipients were deferred.
     email_retry_schedule: tuple[float, ...] = (30, 120, 600, 1800, 3600, 7200)
@@ -310,6 +312,7 @@ class Config:
             email_concurrency=_int(env, "TIDINGS_EMAIL_CONCURRENCY", 64, minimum=1),
             email_lease_seconds=_float(env, "TIDINGS_EMAIL_LEASE_SECONDS", 60.0, minimum=1),
             email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
+            smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
         ))
 
