@@ -12,9 +12,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-import asyncpg
-
-from tidings.storage.errors import Duplicate
+from tidings.storage.errors import unique
 
 Reason = Literal["hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out"]
 REASONS: tuple[str, ...] = ("hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out")
@@ -80,12 +78,10 @@ async def create_suppression(
     source_message_id: UUID | None,
 ) -> Suppression:
     """Suppress a normalised address. Raises Duplicate if the team suppresses it already."""
-    try:
+    with unique("address", f"{address!r} is suppressed already"):
         row = await conn.fetchrow(
             INSERT_SUPPRESSION, team_id, address, kind, reason, source_message_id
         )
-    except asyncpg.UniqueViolationError:
-        raise Duplicate("address", f"{address!r} is suppressed already") from None
     return Suppression(**dict(row))
 
 
