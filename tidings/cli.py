@@ -151,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.tokens_command == "create":
         if args.expires_in is not None and args.expires_in <= 0:
             raise SystemExit("tidings: --expires-in must be positive")
+        try:
+            args.team = token_store.check_team_name(args.team)
+        except ValueError as error:
+            raise SystemExit(f"tidings: --team: {error}") from None
         print(json.dumps(trio.run(create_token, config, args)), flush=True)
     else:
         print(json.dumps(trio.run(revoke_token, config, args.token_id)), flush=True)

@@ -255,6 +255,15 @@ class Config:
     # SMTP connections to TIDINGS_SMTP_URL kept open and used at once, per process.
     smtp_connections: int = 8
 
+    # Seconds between the attempts of an email whose recipients were deferred.
+    email_retry_schedule: tuple[float, ...] = (30, 120, 600, 1800, 3600, 7200)
+    # Sends in flight at once per team, per process.
+    email_concurrency: int = 64
+    # How long a claimed email is this process's before another may take it.
+    email_lease_seconds: float = 60.0
+    # How often each process looks for due emails it was not told about.
+    email_poll_seconds: float = 1.0
+
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
 
@@ -297,6 +306,12 @@ class Config:
             domain_recheck_seconds=_float(
                 env, "TIDINGS_DOMAIN_RECHECK_SECONDS", 3600.0, minimum=1
             ),
+            email_retry_schedule=_schedule(
+                env, "TIDINGS_EMAIL_RETRY_SCHEDULE", (30, 120, 600, 1800, 3600, 7200)
+            ),
+            email_concurrency=_int(env, "TIDINGS_EMAIL_CONCURRENCY", 64, minimum=1),
+            email_lease_seconds=_float(env, "TIDINGS_EMAIL_LEASE_SECONDS", 60.0, minimum=1),
+            email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
             smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
         ))

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from tidings.actors.supervisor import Supervisor
+from tidings.actors.runtime import Supervised
 
 
 class _SupervisorCollector(Collector):
-    def __init__(self, supervisors: Callable[[], list[Supervisor]]) -> None:  # type: ignore[type-arg]
+    def __init__(self, supervisors: Callable[[], Sequence[Supervised]]) -> None:
         self._supervisors = supervisors
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -25,13 +25,20 @@ class _SupervisorCollector(Collector):
         restarts = CounterMetricFamily(
             "tidings_actor_restarts", "Actors restarted after a crash", labels=["supervisor"]
         )
+        given_up = CounterMetricFamily(
+            "tidings_actor_give_ups",
+            "Actors given up after crashing more often than their restart intensity allows",
+            labels=["supervisor"],
+        )
         for supervisor in self._supervisors():
             running.add_metric([supervisor.name], len(supervisor.running()))
             queued.add_metric([supervisor.name], supervisor.queued())
             restarts.add_metric([supervisor.name], supervisor.restarts)
+            given_up.add_metric([supervisor.name], supervisor.given_up)
         yield running
         yield queued
         yield restarts
+        yield given_up
 
 
 class _WebhookCollector(Collector):
@@ -52,7 +59,7 @@ class _WebhookCollector(Collector):
 class Metrics:
     def __init__(
         self,
-        supervisors: Callable[[], list[Supervisor]],  # type: ignore[type-arg]
+        supervisors: Callable[[], Sequence[Supervised]],
         webhook_attempts: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()

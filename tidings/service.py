@@ -1,25 +1,29 @@
 """The service of one process: storage, then the actors, in one nursery.
 
-``open_service`` opens storage and starts every group's actors; HTTP is
-served on top of it by ``tidings.app``. Nothing here imports ``tidings.http``.
+``open_service`` opens storage and registers every group's actors with the
+runtime, in one place (:func:`start_actors`); HTTP is served on top of it by
+``tidings.app``. Nothing here imports ``tidings.http``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
 
-from tidings.actors.idempotency import IdempotencyKeys, open_idempotency
+from tidings.actors.emails import Emails, start_emails
+from tidings.actors.idempotency import IdempotencyKeys, start_idempotency
 from tidings.actors.revocations import RevocationListener
-from tidings.actors.supervisor import Actor, open_supervisor
-from tidings.actors.webhooks import Webhooks, open_webhooks
+from tidings.actors.runtime import Runtime, open_runtime
+from tidings.actors.webhooks import Webhooks, start_webhooks
 from tidings.auth import TokenCache
 from tidings.config import Config
 from tidings.metrics import Metrics
+from tidings.providers.email import EmailProvider
+from tidings.providers.select import open_email_provider
 from tidings.storage.db import Database, open_database
 from tidings.webhooks.safety import Guard, Resolver, system_resolve
 
@@ -34,6 +38,40 @@ class Service:
     idempotency: IdempotencyKeys
     metrics: Metrics
     webhooks: Webhooks
+    runtime: Runtime
+    emails: Emails
+
+
+@dataclass(frozen=True)
+class Actors:
+    """What the groups registered, as the rest of the service reaches it."""
+
+    tokens: TokenCache
+    idempotency: IdempotencyKeys
+    webhooks: Webhooks
+    emails: Emails
+
+
+def start_actors(
+    runtime: Runtime,
+    db: Database,
+    config: Config,
+    resolve: Resolver,
+    email_provider: EmailProvider,
+) -> Actors:
+    """Every group's actors and due work, registered with the runtime.
+
+    Singletons (a listener, a sweeper) start here; keyed actors start when
+    their first message comes; due work starts its dispatcher here and its
+    owner actors when woken. A new group adds its lines here.
+    """
+    tokens = TokenCache()
+    runtime.singleton("revocations", lambda: RevocationListener(db.url, tokens).run())
+    idempotency = start_idempotency(runtime, db, config)
+    guard = Guard(allow_private=config.webhook_allow_private_urls, resolve=resolve)
+    webhooks = start_webhooks(runtime, db, config, guard)
+    emails = start_emails(runtime, db, config, email_provider)
+    return Actors(tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails)
 
 
 @asynccontextmanager
@@ -46,36 +84,23 @@ async def open_service(
     ``config.shutdown_grace_seconds``; after that it is cancelled.
     ``resolve`` is how webhook target names are looked up.
     """
-    tokens = TokenCache()
-    guard = Guard(allow_private=config.webhook_allow_private_urls, resolve=resolve)
-    async with open_database(config) as db:
-        listener: Callable[[str], Actor[None]] = lambda _key: RevocationListener(  # noqa: E731
-            db.url, tokens
-        )
+    async with open_database(config) as db, open_email_provider(config) as email_provider:
         with trio.CancelScope() as stopping:
-            async with (
-                open_supervisor("revocations", listener, mailbox_size=1) as revocations,
-                open_idempotency(db, config) as idempotency,
-                open_webhooks(db, config, guard) as webhooks,
-            ):
-                revocations.start("listener")
+            async with open_runtime(db) as runtime:
+                actors = start_actors(runtime, db, config, resolve, email_provider)
+                webhooks = actors.webhooks
                 try:
                     yield Service(
                         config=config,
                         db=db,
-                        tokens=tokens,
-                        idempotency=idempotency,
+                        tokens=actors.tokens,
+                        idempotency=actors.idempotency,
                         metrics=Metrics(
-                            lambda: [
-                                revocations,
-                                idempotency.supervisor,
-                                *webhooks.supervisors(),
-                            ],
-                            webhook_attempts=lambda: webhooks.attempts,
+                            runtime.children, webhook_attempts=lambda: webhooks.attempts
                         ),
                         webhooks=webhooks,
+                        runtime=runtime,
+                        emails=actors.emails,
                     )
                 finally:
                     stopping.deadline = trio.current_time() + config.shutdown_grace_seconds
-
-

@@ -26,6 +26,7 @@ async def test_create_refusals_name_the_field(client: httpx.AsyncClient) -> None
         ({"email": "ada@"}, "email"),
         ({"email": "ada lovelace@example.com"}, "email"),
         ({"email": "ada@example..com"}, "email"),
+        ({"email": "a" * 65 + "@example.com"}, "email"),  # RFC 5321: 64 octets at most
         ({"phone": "+14155550123", "sms_consent_status": "maybe"}, "sms_consent_status"),
         ({"phone": "+14155550123", "sms_consent_status": "OPTED_IN"}, "sms_consent_status"),
         ({"email": "a@example.com", "first_name": "x" * 256}, "first_name"),
@@ -39,6 +40,7 @@ async def test_create_refusals_name_the_field(client: httpx.AsyncClient) -> None
     longest = await create(client, email="a@example.com", first_name="f" * 255,
                            last_name="l" * 255)
     assert (longest["first_name"], longest["last_name"]) == ("f" * 255, "l" * 255)
+    assert (await create(client, email="a" * 64 + "@example.com"))["email"].startswith("a" * 64)
 
 
 # --- list ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Idempotency shard actors and the sweeper of expired records.
+"""Idempotency shard actors.
 
 A request with an ``Idempotency-Key`` is decided by the shard that owns
 ``hash(credential, key)``: the shard claims the key in PostgreSQL or says why
@@ -11,13 +11,14 @@ key in PostgreSQL does the same across processes.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from uuid import UUID
 
-from tidings.actors.mailbox import Mailbox, Reply
-from tidings.actors.supervisor import Actor, Supervisor, open_supervisor
+import trio
+
+from tidings.actors.mailbox import Reply
+from tidings.actors.runtime import Runtime
+from tidings.actors.supervisor import Actor, Supervisor
 from tidings.config import Config
 from tidings.storage import idempotency as records
 from tidings.storage.db import Connection, Database
@@ -106,24 +107,6 @@ async def decide(conn: Connection, begin: Begin, lock: float, retention: float) 
             return Refuse(STILL_PROCESSING)
 
 
-class IdempotencySweeper(Actor[None]):
-    """Deletes records past their retention, every ``interval`` seconds."""
-
-    idle_timeout = None
-
-    def __init__(self, db: Database, interval: float) -> None:
-        self._db = db
-        self._interval = interval
-
-    async def run(self, mailbox: Mailbox[None]) -> None:
-        while not mailbox.stopping:
-            async with self._db.acquire() as conn:
-                removed = await records.sweep(conn)
-            if removed:
-                log.info("removed %d expired idempotency records", removed)
-            await mailbox.sleep(self._interval)
-
-
 class IdempotencyKeys:
     """The shards, as HTTP handlers see them."""
 
@@ -140,17 +123,32 @@ class IdempotencyKeys:
         return self._shards
 
 
-@asynccontextmanager
-async def open_idempotency(db: Database, config: Config) -> AsyncIterator[IdempotencyKeys]:
-    """Run the shards and the sweeper for the duration of the block."""
-    shards: Callable[[int], Actor[Begin]] = lambda _key: IdempotencyShard(db, config)  # noqa: E731
-    sweeper: Callable[[str], Actor[None]] = lambda _key: IdempotencySweeper(  # noqa: E731
-        db, config.idempotency_sweep_seconds
-    )
-    async with open_supervisor("idempotency", shards, mailbox_size=256) as shard_supervisor:
-        async with open_supervisor("idempotency-sweeper", sweeper, mailbox_size=1) as sweepers:
-            sweepers.start("sweeper")
-            yield IdempotencyKeys(shard_supervisor, config.idempotency_shards)
+class IdempotencySweeper:
+    """Deletes records past their retention, every ``interval`` seconds."""
+
+    def __init__(self, db: Database, interval: float) -> None:
+        self._db = db
+        self._interval = interval
+
+    async def run(self) -> None:
+        while True:
+            async with self._db.acquire() as conn:
+                removed = await records.sweep(conn)
+            if removed:
+                log.info("removed %d expired idempotency records", removed)
+            await trio.sleep(self._interval)
 
 
-__all__ = ["Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "open_idempotency"]
+def start_idempotency(runtime: Runtime, db: Database, config: Config) -> IdempotencyKeys:
+    """Register the shards with the runtime."""
+
+    def shard(_index: int) -> Actor[Begin]:
+        return IdempotencyShard(db, config)
+
+    shards: Supervisor[int, Begin] = runtime.keyed("idempotency", shard, mailbox_size=256)
+    sweeper = IdempotencySweeper(db, config.idempotency_sweep_seconds)
+    runtime.singleton("idempotency-sweeper", sweeper.run)
+    return IdempotencyKeys(shards, config.idempotency_shards)
+
+
+__all__ = ["Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "start_idempotency"]

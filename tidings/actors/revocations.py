@@ -1,21 +1,18 @@
-"""The actor that keeps the token cache honest: it LISTENs for revocations.
+"""The singleton that keeps the token cache honest: it LISTENs for revocations.
 
 While it is connected the cache may answer; when the connection fails it
-crashes, the cache goes dark and empty, and the supervisor reconnects it
-after a backoff.
+crashes, the cache goes dark and empty, and the runtime reconnects it after
+a backoff.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from uuid import UUID
 
 import trio
 import triopg
 
-from tidings.actors.mailbox import Mailbox
-from tidings.actors.supervisor import Actor
 from tidings.auth import TokenCache
 from tidings.storage.tokens import REVOKED_CHANNEL
 
@@ -25,19 +22,15 @@ log = logging.getLogger("tidings.auth")
 PING_SECONDS = 10.0
 
 
-class RevocationListener(Actor[None]):
-    idle_timeout = None
-
+class RevocationListener:
     def __init__(self, url: str, cache: TokenCache) -> None:
         self._url = url
         self._cache = cache
 
-    async def run(self, mailbox: Mailbox[None]) -> None:
+    async def run(self) -> None:
+        """Listen until cancelled or the connection fails; the cache is dark after."""
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._listen)
-                await mailbox.sleep(math.inf)  # until the supervisor says stop
-                nursery.cancel_scope.cancel()
+            await self._listen()
         finally:
             self._cache.live = False
             self._cache.clear()

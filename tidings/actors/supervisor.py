@@ -1,21 +1,22 @@
-"""The supervisor: starts actors on demand by key, restarts them, stops them.
+"""The keyed supervisor: starts actors on demand by key, restarts them, stops them.
 
 An actor owns one entity (a webhook endpoint, a broadcast, an idempotency
 shard). The supervisor keeps at most one running actor per key, each with a
 bounded mailbox. It starts an actor when the first message for its key
 arrives (or when asked to with :meth:`Supervisor.start`), restarts one that
-crashed after a capped exponential backoff with jitter, and forgets one that
-stopped because it was idle. The supervisor owns its nursery; nobody else
-spawns into it.
+crashed after its backoff (``policy.py``), gives one up when it crashes more
+often than its intensity allows, and forgets one that stopped because it was
+idle. The supervisor owns its nursery; nobody else spawns into it.
+
+Work that is not keyed (a listener, a dispatcher, a sweeper) is a singleton
+child instead (``singleton.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import random
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import trio
@@ -28,10 +29,12 @@ from tidings.actors.mailbox import (
     open_reply,
     wait_reply,
 )
+from tidings.actors.policy import DEFAULT_BACKOFF, Backoff, Intensity, Restarts
 
 log = logging.getLogger("tidings.actors")
 
 K = TypeVar("K", bound=Hashable)
+K_contra = TypeVar("K_contra", bound=Hashable, contravariant=True)
 M = TypeVar("M")
 T = TypeVar("T")
 
@@ -54,25 +57,6 @@ class Actor(Generic[M]):
 
     async def handle(self, message: M) -> None:
         raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Capped exponential backoff with jitter between restarts."""
-
-    initial: float = 0.1
-    factor: float = 2.0
-    maximum: float = 30.0
-    jitter: float = 0.1
-    # A run that lasted this long counts as healthy: the next crash starts over.
-    reset_after: float = 60.0
-
-    def delay(self, failures: int) -> float:
-        try:
-            base = min(self.maximum, self.initial * self.factor**failures)
-        except OverflowError:  # a long crash loop: factor**failures left the floats
-            base = self.maximum
-        return base * random.uniform(1 - self.jitter, 1 + self.jitter)
 
 
 class _Entry(Generic[M]):
@@ -139,8 +123,20 @@ class Handle(Generic[M]):
         return await wait_reply(receive)
 
 
+GiveUp = Callable[[K_contra, Exception], Awaitable[None]]
+
+
 class Supervisor(Generic[K, M]):
-    """Runs at most one actor per key. Create with :func:`open_supervisor`."""
+    """Runs at most one actor per key. Create with :func:`open_supervisor`
+    or ``Runtime.keyed``.
+
+    Each key has its own crash record: its backoff grows with its own
+    crashes, and with an ``intensity`` a key that crashes too often is given
+    up: its callers get ActorStopped, ``on_give_up(key, error)`` runs, and
+    the key is forgotten. A later message for it starts a fresh actor with a
+    clean record, so the hook should leave the entity where nobody wakes it
+    again (a broadcast marked ``failed``).
+    """
 
     def __init__(
         self,
@@ -150,6 +146,8 @@ class Supervisor(Generic[K, M]):
         *,
         mailbox_size: int,
         backoff: Backoff,
+        intensity: Intensity | None = None,
+        on_give_up: GiveUp[K] | None = None,
     ) -> None:
         if mailbox_size < 1:
             raise ValueError("mailbox_size must be at least 1")
@@ -158,9 +156,12 @@ class Supervisor(Generic[K, M]):
         self._nursery = nursery
         self._mailbox_size = mailbox_size
         self._backoff = backoff
+        self._intensity = intensity
+        self._on_give_up = on_give_up
         self._entries: dict[K, _Entry[M]] = {}
         self._stopping = False
         self.restarts = 0
+        self.given_up = 0
 
     def handle(self, key: K) -> Handle[M]:
         return Handle(self, key)
@@ -200,7 +201,7 @@ class Supervisor(Generic[K, M]):
         return entry
 
     async def _supervise(self, key: K, entry: _Entry[M]) -> None:
-        failures = 0
+        restarts = Restarts(self._backoff, self._intensity)
         mailbox = entry.mailbox
         try:
             while not mailbox.stopping:
@@ -210,16 +211,15 @@ class Supervisor(Generic[K, M]):
                     actor = self._factory(key)
                     mailbox.idle_timeout = actor.idle_timeout
                     await actor.run(mailbox)
-                except Exception:
+                except Exception as crash:
                     mailbox.finish_current()
-                    if trio.current_time() - started >= self._backoff.reset_after:
-                        failures = 0
-                    delay = self._backoff.delay(failures)
-                    failures += 1
+                    delay = restarts.crashed(started, trio.current_time())
+                    if delay is None:
+                        await self._give_up(key, entry, crash)
+                        return
                     self.restarts += 1
                     log.exception(
-                        "actor %s[%r] crashed; restarting in %.2fs (restart %d)",
-                        self.name, key, delay, failures,
+                        "actor %s[%r] crashed; restarting in %.2fs", self.name, key, delay
                     )
                     with trio.CancelScope() as entry.sleep_scope:
                         if not mailbox.stopping:
@@ -239,6 +239,20 @@ class Supervisor(Generic[K, M]):
             mailbox.finish_current()
             mailbox.drain_unanswered()
 
+    async def _give_up(self, key: K, entry: _Entry[M], crash: Exception) -> None:
+        self.given_up += 1
+        log.error(
+            "actor %s[%r] crashed more than its intensity allows; giving up",
+            self.name, key, exc_info=crash,
+        )
+        # Nothing queued will be handled: release those callers before the hook runs.
+        entry.mailbox.drain_unanswered()
+        if self._on_give_up is not None:
+            try:
+                await self._on_give_up(key, crash)
+            except Exception:
+                log.exception("the give-up hook of %s[%r] failed", self.name, key)
+
 
 @asynccontextmanager
 async def open_supervisor(
@@ -246,7 +260,9 @@ async def open_supervisor(
     factory: Callable[[K], Actor[M]],
     *,
     mailbox_size: int = 64,
-    backoff: Backoff = Backoff(),
+    backoff: Backoff = DEFAULT_BACKOFF,
+    intensity: Intensity | None = None,
+    on_give_up: GiveUp[K] | None = None,
 ) -> AsyncIterator[Supervisor[K, M]]:
     """Run a supervisor for the duration of the block.
 
@@ -255,10 +271,10 @@ async def open_supervisor(
     """
     async with trio.open_nursery() as nursery:
         supervisor: Supervisor[K, M] = Supervisor(
-            name, factory, nursery, mailbox_size=mailbox_size, backoff=backoff
+            name, factory, nursery, mailbox_size=mailbox_size, backoff=backoff,
+            intensity=intensity, on_give_up=on_give_up,
         )
         try:
             yield supervisor
         finally:
             supervisor.stop()
-

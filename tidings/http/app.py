@@ -20,6 +20,8 @@ from tidings.http import (
     contact_properties,
     contacts,
     domains,
+    emails,
+    envelope,
     events,
     segments,
     suppressions,
@@ -32,6 +34,7 @@ from tidings.http import (
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes, make_view
+from tidings.storage.errors import Duplicate
 
 if TYPE_CHECKING:
     from tidings.service import Service
@@ -48,6 +51,7 @@ GROUPS: tuple[Routes, ...] = (
     segments.routes,
     suppressions.routes,
     templates.routes,
+    emails.routes,
     webhooks.routes,
     events.routes,
     domains.routes,
@@ -73,6 +77,7 @@ def all_routes() -> list[Route]:
 
 def http_error(error: HTTPException) -> Response:
     status = error.code or 500
+    headers: dict[str, str] = {}
     if status == 404:
         message = f"no route for {request.method} {request.path}"
     elif status == 405:
@@ -80,13 +85,15 @@ def http_error(error: HTTPException) -> Response:
         message = f"method {request.method} is not allowed on {request.path}"
         if allowed:
             message += f"; allowed: {', '.join(allowed)}"
+            # RFC 9110 §15.5.6: a 405 names the methods the resource supports.
+            headers["Allow"] = ", ".join(allowed)
     elif status == 413:
         limit = request.max_content_length
         message = f"request body is larger than the limit of {limit} bytes"
     else:
         message = error.description or error.name
     code = HTTP_CODES.get(status, "INTERNAL_ERROR" if status >= 500 else "BAD_REQUEST")
-    return json_response(status, error_body(code, message))
+    return json_response(status, error_body(code, message), headers)
 
 
 def create_app(service: Service) -> QuartTrio:
@@ -119,6 +126,8 @@ def create_app(service: Service) -> QuartTrio:
         elapsed = 0.0 if started is None else time.perf_counter() - started
         service.metrics.observe(request.method, rule, response.status_code, elapsed)
         return response
+
+    app.register_error_handler(Duplicate, envelope.duplicate_response)
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:

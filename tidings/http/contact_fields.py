@@ -7,101 +7,41 @@ accepted or refused the same way (and with the same message) in each.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-import email_validator
-import phonenumbers
 from pydantic import AfterValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from tidings.addresses import MAX_ADDRESS_LENGTH, normalize_address
+from tidings.fields import FieldError
 from tidings.storage.contact_properties import PropertyType
 
 ConsentStatus = Literal["unknown", "opted_in", "opted_out"]
 CONSENT_STATUSES: tuple[str, ...] = ("unknown", "opted_in", "opted_out")
 
-MAX_EMAIL_LENGTH = 320
 MAX_PROPERTY_STRING = 2000
-
-# The address forms email-validator accepts without further thought: an ASCII
-# dot-atom before the @ and a host name after it. For these only the domain
-# needs email-validator's full check, and a domain is checked once per
-# process (an import of 50,000 rows usually names a few dozen domains).
-_ATEXT = r"A-Za-z0-9_!#$%&'*+\-/=?^`{|}~"
-_PLAIN_ADDRESS = re.compile(rf"([{_ATEXT}]+(?:\.[{_ATEXT}]+)*)@([A-Za-z0-9.\-]+)")
-# Local parts that email-validator lowercases (RFC 2142); they take the full path.
-_CASELESS_MAILBOXES = frozenset(email_validator.rfc_constants.CASE_INSENSITIVE_MAILBOX_NAMES)
-_MAX_ADDRESS_OCTETS = 254
-
-
-class FieldError(ValueError):
-    """A value that cannot be stored; the message names the field and why."""
-
-
-@functools.lru_cache(maxsize=4096)
-def _normalized_domain(domain: str) -> str | None:
-    try:
-        checked = email_validator.validate_email("a@" + domain, check_deliverability=False)
-    except email_validator.EmailNotValidError:
-        return None
-    return str(checked.domain)
-
-
-def _invalid(reason: str) -> PydanticCustomError:
-    # A ValueError that pydantic reports without its "Value error, " prefix.
-    return PydanticCustomError(
-        "value_error", "value is not a valid email address: {reason}", {"reason": reason}
-    )
 
 
 def normalize_email(value: str) -> str:
-    """The address email-validator accepts, normalised as it does (the domain in
-    lowercase); ValueError with its reason otherwise. No DNS lookup."""
-    value = value.strip()
-    if len(value) > MAX_EMAIL_LENGTH:
-        raise _invalid(f"longer than {MAX_EMAIL_LENGTH} characters")
-    plain = _PLAIN_ADDRESS.fullmatch(value)
-    if plain is not None and len(value) <= _MAX_ADDRESS_OCTETS:
-        local, domain = plain.groups()
-        if local.lower() not in _CASELESS_MAILBOXES:
-            normalized = _normalized_domain(domain)
-            if normalized is not None:
-                return f"{local}@{normalized}"
+    """``tidings.addresses.normalize_address`` as a pydantic validator: its
+    ValueError is reported without pydantic's "Value error, " prefix."""
     try:
-        checked = email_validator.validate_email(value, check_deliverability=False)
-    except email_validator.EmailNotValidError as error:
-        raise _invalid(str(error)) from None
-    return str(checked.normalized)
+        return normalize_address(value)
+    except FieldError as error:
+        raise PydanticCustomError(
+            "value_error", "value is not a valid email address: {reason}",
+            {"reason": error.reason},
+        ) from None
 
 
 Email = Annotated[
     str,
     AfterValidator(normalize_email),
-    WithJsonSchema({"type": "string", "format": "email", "maxLength": MAX_EMAIL_LENGTH}),
+    WithJsonSchema({"type": "string", "format": "email", "maxLength": MAX_ADDRESS_LENGTH}),
 ]
-
-
-def normalize_phone(phone: str, field: str = "phone") -> tuple[str, str | None]:
-    """E.164 form and ISO 3166 alpha-2 region of an international phone number.
-
-    Raises FieldError naming ``field`` when it is not a valid number written
-    with its country code.
-    """
-    try:
-        number = phonenumbers.parse(phone, None)
-    except phonenumbers.NumberParseException:
-        raise FieldError(
-            f"{field}: {phone!r} is not a phone number in international format (+country code)"
-        ) from None
-    if not phonenumbers.is_valid_number(number):
-        raise FieldError(f"{field}: {phone!r} is not a valid phone number")
-    e164 = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
-    region = phonenumbers.region_code_for_number(number)
-    # Non-geographic numbers (+800, +882...) have the region "001": no country.
-    return e164, region if region and region.isalpha() and region != "ZZ" else None
 
 
 # --- contact properties --------------------------------------------------------------
@@ -115,22 +55,22 @@ def check_property_value(kind: PropertyType, value: Any, field: str) -> Any:
     """
     if kind == "string":
         if not isinstance(value, str):
-            raise FieldError(f"{field}: must be a string")
+            raise FieldError(field, "must be a string")
         if len(value) > MAX_PROPERTY_STRING:
-            raise FieldError(f"{field}: at most {MAX_PROPERTY_STRING} characters")
+            raise FieldError(field, f"at most {MAX_PROPERTY_STRING} characters")
         return value
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise FieldError(f"{field}: must be a number")
+            raise FieldError(field, "must be a number")
         if isinstance(value, float) and not math.isfinite(value):
-            raise FieldError(f"{field}: must be a finite number")
+            raise FieldError(field, "must be a finite number")
         return value
     if kind == "boolean":
         if not isinstance(value, bool):
-            raise FieldError(f"{field}: must be true or false")
+            raise FieldError(field, "must be true or false")
         return value
     if not isinstance(value, str) or not _is_date(value):
-        raise FieldError(f"{field}: must be a date written YYYY-MM-DD")
+        raise FieldError(field, "must be a date written YYYY-MM-DD")
     return value
 
 
@@ -161,7 +101,7 @@ def check_properties(
         kind = definitions.get(key)
         field = f"properties.{key}"
         if kind is None:
-            raise FieldError(f"{field}: no contact property with this key is defined")
+            raise FieldError(field, "no contact property with this key is defined")
         if value is None:
             to_remove.append(key)
         else:
@@ -180,7 +120,7 @@ def property_from_text(kind: PropertyType, text: str, field: str) -> Any:
             try:
                 number = float(text)  # type: ignore[assignment]
             except ValueError:
-                raise FieldError(f"{field}: must be a number, not {text!r}") from None
+                raise FieldError(field, f"must be a number, not {text!r}") from None
         return check_property_value(kind, number, field)
     if kind == "boolean":
         return boolean_from_text(text, field)
@@ -197,4 +137,4 @@ def boolean_from_text(text: str, field: str) -> bool:
         return True
     if lowered in _FALSE:
         return False
-    raise FieldError(f"{field}: must be true or false, not {text!r}")
+    raise FieldError(field, f"must be true or false, not {text!r}")

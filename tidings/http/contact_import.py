@@ -24,18 +24,17 @@ from uuid import UUID
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tidings.fields import NUL_REASON, FieldError, has_nul
 from tidings.http.contact_fields import (
     ConsentStatus,
     Email,
-    FieldError,
     boolean_from_text,
     check_properties,
-    normalize_phone,
     property_from_text,
 )
 from tidings.http.envelope import ApiError, bad_request, not_found, unprocessable
-from tidings.http.models import has_nul
 from tidings.http.routing import Call, RawBody, Routes
+from tidings.phones import parse_phone
 from tidings.storage import contact_properties as definitions
 from tidings.storage import contacts as store
 from tidings.storage import segments as segment_store
@@ -170,7 +169,7 @@ class Checker:
             self.reject(row, None, "row: must be a JSON object")
             return
         if self.check_nul and has_nul(values):
-            self.reject(row, None, "row: must not contain NUL characters (\\u0000)")
+            self.reject(row, None, f"row: {NUL_REASON}")
             return
         try:
             contact = ImportContact.model_validate(values)
@@ -178,9 +177,7 @@ class Checker:
             self.reject(row, values.get("email"), _reason(error))
             return
         try:
-            normalized, country = (
-                normalize_phone(contact.phone) if contact.phone else (None, None)
-            )
+            phone = parse_phone(contact.phone) if contact.phone else None
             to_set, _ = check_properties(contact.properties or {}, self.known)
         except FieldError as error:
             self.reject(row, contact.email, str(error))
@@ -191,8 +188,8 @@ class Checker:
                 row=row,
                 email=contact.email,
                 phone=contact.phone,
-                normalized_phone=normalized,
-                phone_country=country,
+                normalized_phone=None if phone is None else phone.e164,
+                phone_country=None if phone is None else phone.country,
                 first_name=contact.first_name,
                 last_name=contact.last_name,
                 unsubscribed=contact.unsubscribed,
@@ -300,7 +297,7 @@ def parse_csv(data: bytes, known: Mapping[str, PropertyType]) -> Parsed:
     except UnicodeDecodeError as error:
         raise bad_request(f"CSV body: not UTF-8 (byte {error.start})") from None
     if "\x00" in text:
-        raise bad_request("CSV body: must not contain NUL characters")
+        raise bad_request(f"CSV body: {NUL_REASON}")
     records = (record for record in csv.reader(io.StringIO(text, newline="")) if record)
     try:
         header = next(records, None)

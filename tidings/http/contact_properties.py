@@ -13,14 +13,14 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field, field_validator
 
-from tidings.http.contact_fields import FieldError, check_property_value
-from tidings.http.envelope import bad_request, conflict, not_found
+from tidings.fields import FieldError
+from tidings.http.contact_fields import check_property_value
+from tidings.http.envelope import bad_request, not_found
 from tidings.http.models import RequestBody
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import contact_properties as store
 from tidings.storage.contact_properties import PropertyType
-from tidings.storage.errors import Duplicate
 
 routes = Routes("Contact properties")
 
@@ -101,12 +101,9 @@ def checked_fallback(kind: PropertyType, value: Any) -> Any:
 )
 async def create_property(call: Call, body: CreateProperty) -> PropertyOut:
     fallback = checked_fallback(body.type, body.fallback_value)
-    try:
-        created = await store.create_property(
-            call.conn, call.team_id, body.key, body.type, fallback
-        )
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    created = await store.create_property(
+        call.conn, call.team_id, body.key, body.type, fallback
+    )
     return PropertyOut.of(created)
 
 

@@ -12,21 +12,17 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tidings.http.contact_fields import (
-    ConsentStatus,
-    Email,
-    FieldError,
-    check_properties,
-    normalize_phone,
-)
-from tidings.http.envelope import bad_request, conflict, not_found, unprocessable
+from tidings.addresses import MAX_ADDRESS_LENGTH
+from tidings.fields import FieldError, has_nul
+from tidings.http.contact_fields import ConsentStatus, Email, check_properties
+from tidings.http.envelope import bad_request, not_found, unprocessable
 from tidings.http.models import ListQuery, RequestBody
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
+from tidings.phones import parse_phone
 from tidings.storage import contact_properties as definitions
 from tidings.storage import contacts as store
 from tidings.storage import segments as segment_store
-from tidings.storage.errors import Duplicate
 
 routes = Routes("Contacts")
 
@@ -143,7 +139,7 @@ def contact_ref(raw: str) -> store.ContactRef:
         return UUID(raw)
     except ValueError:
         pass
-    if "@" in raw and "\x00" not in raw and len(raw) <= 320:
+    if "@" in raw and not has_nul(raw) and len(raw) <= MAX_ADDRESS_LENGTH:
         return raw.strip()
     raise bad_request(f"contact_id: {raw!r} is neither a contact id (UUID) nor an email address")
 
@@ -162,9 +158,10 @@ def phone_fields(phone: str | None) -> tuple[str | None, str | None]:
     if phone is None:
         return None, None
     try:
-        return normalize_phone(phone)
+        parsed = parse_phone(phone)
     except FieldError as error:
         raise bad_request(str(error)) from None
+    return parsed.e164, parsed.country
 
 
 async def checked_properties(
@@ -203,10 +200,7 @@ async def create_contact(call: Call, body: CreateContact) -> ContactOut:
         unsubscribed=body.unsubscribed,
         properties=properties,
     )
-    try:
-        contact = await store.create_contact(call.conn, call.team_id, new)
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    contact = await store.create_contact(call.conn, call.team_id, new)
     return out(contact)
 
 
@@ -265,8 +259,6 @@ async def update_contact(call: Call, contact_id: str, body: UpdateContact) -> Co
     )
     try:
         contact = await store.update_contact(call.conn, call.team_id, ref, changes)
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
     except store.Unreachable:
         raise unprocessable(
             "email, phone: a contact needs an email or a phone; this change would leave neither"

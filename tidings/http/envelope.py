@@ -1,4 +1,5 @@
-"""The success and error envelopes, and the error every handler raises."""
+"""The success and error envelopes, the error every handler raises, and the
+answer to a storage ``Duplicate``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, ValidationError
 from quart import Response
+
+from tidings.storage.errors import Duplicate
 
 JSON = "application/json"
 
@@ -40,6 +43,12 @@ def conflict(message: str) -> ApiError:
 
 def unprocessable(message: str) -> ApiError:
     return ApiError(422, "UNPROCESSABLE_ENTITY", message)
+
+
+async def duplicate_response(duplicate: Duplicate) -> Response:
+    """The one answer to a unique value taken already, whichever route hit it:
+    409 naming the field. Registered with the app for every route."""
+    return error_response(conflict(f"{duplicate.field}: {duplicate.message}"))
 
 
 def rfc3339(moment: datetime) -> str:

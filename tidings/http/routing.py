@@ -193,13 +193,24 @@ class Routes:
 
 
 def bearer_secret() -> str:
-    header = request.headers.get("Authorization")
+    headers = request.headers.getlist("Authorization")
+    if len(headers) > 1:
+        # Never pick one of several credentials: refuse them all.
+        raise ApiError(
+            401, "UNAUTHORIZED", "more than one Authorization header: send exactly one"
+        )
+    header = headers[0] if headers else ""
     if not header:
         raise ApiError(401, "UNAUTHORIZED", "missing Authorization header with a bearer token")
     scheme, _, secret = header.strip().partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
         raise ApiError(401, "UNAUTHORIZED", "Authorization header must be 'Bearer <token>'")
-    return secret.strip()
+    if any(char.isspace() or char == "," for char in secret):
+        raise ApiError(
+            401, "UNAUTHORIZED", "Authorization header must hold exactly one bearer token"
+        )
+    return secret
 
 
 async def authorize(service: Service, route: Route) -> Token:

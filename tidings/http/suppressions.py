@@ -13,14 +13,15 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from tidings.http.contact_fields import FieldError, normalize_email, normalize_phone
-from tidings.http.envelope import bad_request, conflict, not_found
+from tidings.addresses import normalize_address
+from tidings.fields import FieldError
+from tidings.http.envelope import bad_request, not_found
 from tidings.http.models import ListQuery, RequestBody
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
+from tidings.phones import parse_phone
 from tidings.storage import suppressions as store
 from tidings.storage.contacts import like_pattern
-from tidings.storage.errors import Duplicate
 from tidings.storage.suppressions import Kind, Reason
 
 routes = Routes("Suppressions")
@@ -71,18 +72,18 @@ class SuppressionQuery(ListQuery):
     )
 
 
-def normalize_address(address: str) -> tuple[str, Kind]:
+def stored_address(address: str) -> tuple[str, Kind]:
     """The stored form of an address and its kind; 400 naming ``address``."""
     if "@" in address:
         try:
-            return normalize_email(address).lower(), "email"
-        except ValueError as error:
-            raise bad_request(f"address: {error}") from None
+            return normalize_address(address, "address").lower(), "email"
+        except FieldError as error:
+            reason = f"value is not a valid email address: {error.reason}"
+            raise bad_request(f"address: {reason}") from None
     try:
-        e164, _ = normalize_phone(address.strip(), field="address")
+        return parse_phone(address.strip(), "address").e164, "phone"
     except FieldError as error:
         raise bad_request(f"{error}; an email address needs an @") from None
-    return e164, "phone"
 
 
 @routes.route(
@@ -90,13 +91,10 @@ def normalize_address(address: str) -> tuple[str, Kind]:
     permission="contacts:write", body=CreateSuppression, response=SuppressionOut, status=201,
 )
 async def create_suppression(call: Call, body: CreateSuppression) -> SuppressionOut:
-    address, kind = normalize_address(body.address)
-    try:
-        created = await store.create_suppression(
-            call.conn, call.team_id, address, kind, body.reason, body.source_message_id
-        )
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    address, kind = stored_address(body.address)
+    created = await store.create_suppression(
+        call.conn, call.team_id, address, kind, body.reason, body.source_message_id
+    )
     return SuppressionOut.of(created)
 
 

@@ -9,15 +9,14 @@ Decisions are written up in docs/templates.md.
 from __future__ import annotations
 
 from datetime import datetime
-from email import errors as email_errors
-from email.headerregistry import HeaderRegistry
 from typing import Any, Literal, Self
 from uuid import UUID
 
-from email_validator import EmailNotValidError, validate_email
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from tidings.http.envelope import ApiError, bad_request, conflict, not_found
+from tidings.addresses import parse_address, parse_mailbox
+from tidings.fields import FieldError
+from tidings.http.envelope import bad_request, not_found, unprocessable
 from tidings.http.models import RequestBody
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
@@ -33,7 +32,6 @@ from tidings.rendering import (
     render,
 )
 from tidings.storage import templates as store
-from tidings.storage.errors import Duplicate
 
 routes = Routes("Templates")
 
@@ -42,8 +40,6 @@ ALIAS_PATTERN = r"^[A-Za-z0-9_-]+$"
 MAX_ALIAS_LENGTH = 100
 MAX_FROM_LENGTH = 255
 TEMPLATE_PATH: dict[str, type] = {"template": str}
-
-_HEADERS = HeaderRegistry()
 
 
 # --- request bodies -------------------------------------------------------------------
@@ -81,11 +77,9 @@ def _email_address(value: str | None) -> str | None:
     if value is None:
         return value
     try:
-        return validate_email(value, check_deliverability=False).normalized
-    except EmailNotValidError as error:
-        raise ValueError(
-            f"must be one email address, without a display name or comment: {error}"
-        ) from None
+        return parse_address(value, "reply_to")
+    except FieldError as error:
+        raise ValueError(error.reason) from None
 
 
 def _one_line(value: str | None) -> str | None:
@@ -180,13 +174,6 @@ class TemplateQuery(Paging):
         None, min_length=1, max_length=100,
         description="Case-insensitive part of the name or the alias",
     )
-
-    @field_validator("search")
-    @classmethod
-    def no_nul(cls, value: str | None) -> str | None:
-        if value is not None and "\x00" in value:
-            raise ValueError("must not contain NUL characters (\\u0000)")
-        return value
 
 
 # --- responses ---------------------------------------------------------------------------
@@ -341,49 +328,11 @@ def _is_alias(value: str) -> bool:
 
 def parse_from(value: str) -> tuple[str, str | None]:
     """The address and display name of a ``from`` value, or 400 naming ``from``."""
-    reason = "must be an email address, optionally with a display name: 'Name <address>'"
-    if any(ord(c) < 32 or c == "\x7f" for c in value):
-        raise bad_request(f"invalid body: from: {reason}; control characters are not allowed")
-    if has_comment(value):
-        # The parser would drop a comment silently, or it would have to be
-        # guessed whether "(Acme)" is meant as the name: a name goes first.
-        raise bad_request(
-            f"invalid body: from: {reason}; comments in parentheses are not allowed "
-            "(a display name goes before the address)"
-        )
     try:
-        header = _HEADERS("From", value)
-        groups = header.groups  # type: ignore[attr-defined]
-        addresses = header.addresses  # type: ignore[attr-defined]
-    except Exception:
-        # On some malformed input the standard library's parser fails with
-        # internal errors (AttributeError, UnboundLocalError...) instead of
-        # reporting a defect: all of them mean the value is not an address.
-        raise bad_request(f"invalid body: from: {reason}") from None
-    invalid = [d for d in header.defects if isinstance(d, email_errors.InvalidHeaderDefect)]
-    if invalid or len(addresses) != 1 or groups[0].display_name is not None:
-        raise bad_request(f"invalid body: from: {reason}")
-    address = addresses[0]
-    try:
-        checked = validate_email(address.addr_spec, check_deliverability=False)
-    except EmailNotValidError as error:
-        raise bad_request(f"invalid body: from: {error}") from None
-    return checked.normalized, address.display_name or None
-
-
-def has_comment(value: str) -> bool:
-    """Whether ``value`` holds an RFC 5322 comment: a parenthesis outside a quoted string."""
-    quoted = escaped = False
-    for char in value:
-        if escaped:
-            escaped = False
-        elif quoted and char == "\\":
-            escaped = True
-        elif char == '"':
-            quoted = not quoted
-        elif char in "()" and not quoted:
-            return True
-    return False
+        mailbox = parse_mailbox(value, "from")
+    except FieldError as error:
+        raise bad_request(f"invalid body: {error}") from None
+    return mailbox.address, mailbox.name
 
 
 def build_content(
@@ -436,10 +385,6 @@ async def detail(call: Call, template: store.Template) -> TemplateDetail:
     )
 
 
-def unprocessable(message: str) -> ApiError:
-    return ApiError(422, "UNPROCESSABLE_ENTITY", message)
-
-
 # --- routes ------------------------------------------------------------------------------
 
 
@@ -456,12 +401,9 @@ async def create_template(call: Call, body: CreateTemplate) -> TemplateCreated:
         text=body.text,
         variables=tuple(v.variable() for v in body.variables),
     )
-    try:
-        template_id = await store.create_template(
-            call.conn, call.team_id, body.name, body.alias, body.category, content
-        )
-    except Duplicate as duplicate:
-        raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+    template_id = await store.create_template(
+        call.conn, call.team_id, body.name, body.alias, body.category, content
+    )
     return TemplateCreated(id=template_id)
 
 
@@ -508,12 +450,9 @@ async def update_template(call: Call, template: str, body: UpdateTemplate) -> Te
             await store.get_versions(call.conn, call.team_id, [locked.current_version_id])
         )[locked.current_version_id]
         content = merged_content(base, body)
-        try:
-            updated = await store.add_version(
-                call.conn, locked, base, name, alias, category, content, body.change_note
-            )
-        except Duplicate as duplicate:
-            raise conflict(f"{duplicate.field}: {duplicate.message}") from None
+        updated = await store.add_version(
+            call.conn, locked, base, name, alias, category, content, body.change_note
+        )
         return await detail(call, updated)
 
 

@@ -9,9 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-import asyncpg
-
-from tidings.storage.errors import Duplicate
+from tidings.storage.errors import unique
 
 PropertyType = Literal["string", "number", "boolean", "date"]
 PROPERTY_TYPES: tuple[str, ...] = ("string", "number", "boolean", "date")
@@ -81,12 +79,10 @@ async def create_property(
     conn: Any, team_id: UUID, key: str, kind: PropertyType, fallback_value: Any
 ) -> ContactProperty:
     """Define a property. Raises Duplicate if the team has one with this key."""
-    try:
+    with unique("key", f"a contact property with key {key!r} exists already"):
         row = await conn.fetchrow(
             INSERT_PROPERTY, team_id, key, kind, _json_or_null(fallback_value)
         )
-    except asyncpg.UniqueViolationError:
-        raise Duplicate("key", f"a contact property with key {key!r} exists already") from None
     return ContactProperty.from_row(row)
 
 

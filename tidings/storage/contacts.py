@@ -18,7 +18,7 @@ from uuid import UUID
 
 import asyncpg
 
-from tidings.storage.errors import Duplicate
+from tidings.storage.errors import unique
 
 CONTACT_COLUMNS = """
 id, team_id, email, phone, normalized_phone, phone_country, sms_consent_status,
@@ -222,7 +222,7 @@ class NewContact:
 
 async def create_contact(conn: Any, team_id: UUID, new: NewContact) -> Contact:
     """Insert a contact. Raises Duplicate if the team has one with this email."""
-    try:
+    with unique("email", f"a contact with email {new.email!r} exists already"):
         row = await conn.fetchrow(
             INSERT_CONTACT,
             team_id,
@@ -237,8 +237,6 @@ async def create_contact(conn: Any, team_id: UUID, new: NewContact) -> Contact:
             new.unsubscribed,
             json.dumps(new.properties),
         )
-    except asyncpg.UniqueViolationError:
-        raise Duplicate("email", f"a contact with email {new.email!r} exists already") from None
     return Contact.from_row(row)
 
 
@@ -329,24 +327,21 @@ async def update_contact(
     """
     given = changes.given
     try:
-        row = await conn.fetchrow(
-            UPDATE_CONTACT,
-            team_id,
-            *_ref(ref),
-            "email" in given, changes.email,
-            "phone" in given, changes.phone, changes.normalized_phone, changes.phone_country,
-            "first_name" in given, changes.first_name,
-            "last_name" in given, changes.last_name,
-            changes.unsubscribed,
-            changes.sms_consent_status,
-            changes.sms_consent_source,
-            json.dumps(changes.set_properties),
-            changes.remove_properties,
-        )
-    except asyncpg.UniqueViolationError:
-        raise Duplicate(
-            "email", f"a contact with email {changes.email!r} exists already"
-        ) from None
+        with unique("email", f"a contact with email {changes.email!r} exists already"):
+            row = await conn.fetchrow(
+                UPDATE_CONTACT,
+                team_id,
+                *_ref(ref),
+                "email" in given, changes.email,
+                "phone" in given, changes.phone, changes.normalized_phone, changes.phone_country,
+                "first_name" in given, changes.first_name,
+                "last_name" in given, changes.last_name,
+                changes.unsubscribed,
+                changes.sms_consent_status,
+                changes.sms_consent_source,
+                json.dumps(changes.set_properties),
+                changes.remove_properties,
+            )
     except asyncpg.CheckViolationError:
         raise Unreachable() from None
     return None if row is None else Contact.from_row(row)

@@ -12,9 +12,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-import asyncpg
-
-from tidings.storage.errors import Duplicate
+from tidings.storage.errors import unique
 
 Reason = Literal["hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out"]
 REASONS: tuple[str, ...] = ("hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out")
@@ -41,6 +39,15 @@ LIMIT $4 OFFSET $5
 """
 
 DELETE_SUPPRESSION = "DELETE FROM suppressions WHERE team_id = $1 AND id = $2 RETURNING id"
+
+# Many addresses of many teams at once; an address suppressed already stays as it was.
+SUPPRESS_MANY = """
+INSERT INTO suppressions (team_id, address, kind, reason, source_message_id)
+SELECT team_id, lower(address), 'email', reason, message_id
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[])
+     AS i(team_id, address, reason, message_id)
+ON CONFLICT (team_id, address) DO NOTHING
+"""
 
 SUPPRESSED = "SELECT address FROM suppressions WHERE team_id = $1 AND address = ANY($2::text[])"
 
@@ -71,12 +78,10 @@ async def create_suppression(
     source_message_id: UUID | None,
 ) -> Suppression:
     """Suppress a normalised address. Raises Duplicate if the team suppresses it already."""
-    try:
+    with unique("address", f"{address!r} is suppressed already"):
         row = await conn.fetchrow(
             INSERT_SUPPRESSION, team_id, address, kind, reason, source_message_id
         )
-    except asyncpg.UniqueViolationError:
-        raise Duplicate("address", f"{address!r} is suppressed already") from None
     return Suppression(**dict(row))
 
 
@@ -116,3 +121,19 @@ async def suppressed(conn: Any, team_id: UUID, addresses: Iterable[str]) -> set[
         return set()
     rows = await conn.fetch(SUPPRESSED, team_id, list(given))
     return {original for row in rows for original in given[row["address"]]}
+
+
+async def suppress_emails(
+    conn: Any, entries: Iterable[tuple[UUID, str, Reason, UUID | None]]
+) -> None:
+    """Suppress email addresses, each ``(team_id, address, reason, source_message_id)``,
+    in one statement; addresses a team suppresses already are left as they are."""
+    rows = list(entries)
+    if rows:
+        await conn.execute(
+            SUPPRESS_MANY,
+            [row[0] for row in rows],
+            [row[1] for row in rows],
+            [row[2] for row in rows],
+            [row[3] for row in rows],
+        )

@@ -13,15 +13,14 @@ one of them NULL.
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
-
 from tidings.rendering import Variable
-from tidings.storage.errors import Duplicate
+from tidings.storage.errors import unique
 
 TEMPLATE_COLUMNS = """
 t.id, t.team_id, t.name, t.alias, t.category, t.current_version_id,
@@ -259,8 +258,8 @@ def _content_args(content: VersionContent) -> tuple[Any, ...]:
     )
 
 
-def _duplicate_alias(alias: str | None) -> Duplicate:
-    return Duplicate("alias", f"the team has a template with alias {alias!r} already")
+def _unique_alias(alias: str | None) -> AbstractContextManager[None]:
+    return unique("alias", f"the team has a template with alias {alias!r} already")
 
 
 def like_pattern(search: str) -> str:
@@ -281,12 +280,10 @@ async def create_template(
 
     Raises Duplicate if the team has a template with this alias.
     """
-    try:
+    with _unique_alias(alias):
         template_id: UUID = await conn.fetchval(
             INSERT_TEMPLATE, team_id, name, alias, category, *_content_args(content)
         )
-    except asyncpg.UniqueViolationError:
-        raise _duplicate_alias(alias) from None
     return template_id
 
 
@@ -334,7 +331,7 @@ async def add_version(
 
     Raises Duplicate for a taken alias.
     """
-    try:
+    with _unique_alias(alias):
         row = await conn.fetchrow(
             INSERT_VERSION,
             base.team_id,
@@ -347,8 +344,6 @@ async def add_version(
             base.id,
             change_note,
         )
-    except asyncpg.UniqueViolationError:
-        raise _duplicate_alias(alias) from None
     return Template.from_row(row)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +19,7 @@ from uuid import UUID
 TOKEN_PREFIX = "svc_team_"
 # Step-up tokens live at most this long (CONTRACT §2).
 STEP_UP_MAX_SECONDS = 15 * 60
+TEAM_NAME_MAX_LENGTH = 100
 
 UPSERT_TEAM = """
 INSERT INTO teams (name) VALUES ($1)
@@ -101,9 +103,34 @@ def hash_secret(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
 
+def check_team_name(name: str) -> str:
+    """``name`` without surrounding whitespace, or ValueError saying why it is not one.
+
+    A team name holds 1 to 100 characters once trimmed, none of them a
+    control or format character (newlines, tabs, NUL, zero-width marks).
+    """
+    trimmed = name.strip()
+    if not trimmed:
+        raise ValueError("a team name must not be empty or only whitespace")
+    if len(trimmed) > TEAM_NAME_MAX_LENGTH:
+        raise ValueError(
+            f"a team name holds at most {TEAM_NAME_MAX_LENGTH} characters, got {len(trimmed)}"
+        )
+    for char in trimmed:
+        if unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn"):
+            raise ValueError(
+                f"a team name must not contain control or invisible characters "
+                f"(found U+{ord(char):04X})"
+            )
+    return trimmed
+
+
 async def ensure_team(conn: Any, name: str) -> UUID:
-    """The id of the team called ``name``, created if it does not exist."""
-    team_id: UUID = await conn.fetchval(UPSERT_TEAM, name)
+    """The id of the team called ``name`` (trimmed), created if it does not exist.
+
+    ValueError if ``name`` is not a valid team name (``check_team_name``).
+    """
+    team_id: UUID = await conn.fetchval(UPSERT_TEAM, check_team_name(name))
     return team_id
 
 

@@ -1,0 +1,54 @@
+"""HTTP conventions that hold under hostile input: 405 Allow, one credential only."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import Credential, assert_error
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("PUT", "/contacts", {"GET", "HEAD", "OPTIONS", "POST"}),
+        ("DELETE", "/healthz", {"GET", "HEAD", "OPTIONS"}),
+        ("POST", "/tokens/00000000-0000-0000-0000-000000000000", {"DELETE", "OPTIONS"}),
+    ],
+)
+async def test_a_405_carries_allow_and_the_envelope(
+    client: httpx.AsyncClient, method: str, path: str, allowed: set[str]
+) -> None:
+    response = await client.request(method, path)
+    message = assert_error(response, 405, "BAD_REQUEST")
+    assert method in message
+    assert {part.strip() for part in response.headers["allow"].split(",")} == allowed
+
+
+async def test_two_authorization_headers_are_401(
+    http: httpx.AsyncClient, acme: Credential
+) -> None:
+    good = f"Bearer {acme.secret}"
+    for pair in (
+        [("Authorization", good), ("Authorization", "Bearer junk")],
+        [("Authorization", "Bearer junk"), ("Authorization", good)],
+        [("Authorization", good), ("Authorization", good)],
+    ):
+        response = await http.get("/contacts", headers=pair)
+        message = assert_error(response, 401, "UNAUTHORIZED")
+        assert "more than one" in message
+    assert (await http.get("/contacts", headers=[("Authorization", good)])).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["Bearer {good}, Bearer junk", "Bearer {good} junk", "Bearer {good},junk",
+     "Bearer junk, Bearer {good}"],
+)
+async def test_a_header_with_two_credentials_is_401(
+    http: httpx.AsyncClient, acme: Credential, template: str
+) -> None:
+    response = await http.get(
+        "/contacts", headers={"Authorization": template.format(good=acme.secret)}
+    )
+    assert_error(response, 401, "UNAUTHORIZED")

@@ -1,0 +1,84 @@
+"""Restart policies: how a supervised child is restarted, and when it is given up.
+
+A child that crashes (an ``Exception`` escapes it) is restarted after a
+capped exponential backoff with jitter. With an :class:`Intensity` a child
+that crashes more than ``restarts`` times within ``within`` seconds is given
+up instead: it is not restarted, and its supervisor calls its ``on_give_up``
+hook, which decides what giving up means for its entity (a broadcast whose
+actor keeps crashing on its data becomes ``failed``). Without one, the child
+is restarted for as long as the process runs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff with jitter between restarts."""
+
+    initial: float = 0.1
+    factor: float = 2.0
+    maximum: float = 30.0
+    jitter: float = 0.1
+    # A run that lasted this long counts as healthy: the next crash starts over.
+    reset_after: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        try:
+            base = min(self.maximum, self.initial * self.factor**failures)
+        except OverflowError:  # a long crash loop: factor**failures left the floats
+            base = self.maximum
+        return base * random.uniform(1 - self.jitter, 1 + self.jitter)
+
+
+# Restart after 0.1 s, doubling to 30 s; a run of 60 s without a crash starts over.
+DEFAULT_BACKOFF = Backoff()
+
+
+@dataclass(frozen=True)
+class Intensity:
+    """At most ``restarts`` restarts within ``within`` seconds.
+
+    The crash that would need one more restart inside that window gives the
+    child up.
+    """
+
+    restarts: int
+    within: float
+
+    def __post_init__(self) -> None:
+        if self.restarts < 0 or self.within <= 0:
+            raise ValueError("an intensity needs restarts >= 0 and within > 0")
+
+
+class Restarts:
+    """The crash record of one child: its next backoff, and whether to give up."""
+
+    __slots__ = ("_backoff", "_intensity", "_failures", "_crashes")
+
+    def __init__(self, backoff: Backoff, intensity: Intensity | None) -> None:
+        self._backoff = backoff
+        self._intensity = intensity
+        self._failures = 0
+        self._crashes: deque[float] = deque()
+
+    def crashed(self, started: float, now: float) -> float | None:
+        """Note a crash of the run that began at ``started``.
+
+        Returns the delay before the restart, or None: give the child up.
+        """
+        if now - started >= self._backoff.reset_after:
+            self._failures = 0
+        if self._intensity is not None:
+            self._crashes.append(now)
+            while self._crashes and self._crashes[0] <= now - self._intensity.within:
+                self._crashes.popleft()
+            if len(self._crashes) > self._intensity.restarts:
+                return None
+        delay = self._backoff.delay(self._failures)
+        self._failures += 1
+        return delay

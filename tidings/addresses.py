@@ -1,0 +1,203 @@
+"""Email addresses: one bare address, a mailbox with a display name, and lists.
+
+Every group that takes an address (contacts, suppressions, templates, and the
+sending routes) checks it here, so an address is accepted, refused and
+normalised the same way everywhere:
+
+- Syntax is email-validator's (no DNS lookup), plus the limits of RFC 5321
+  §4.5.3.1, counted in UTF-8 octets: at most 64 before the ``@``, at most
+  254 in all.
+- Normalised as email-validator does it: surrounding spaces go, the domain is
+  lowercased (and IDNA-normalised), the local part keeps its case, except the
+  role mailboxes of RFC 2142 (``Postmaster@``...) which are lowercased.
+- Two addresses are one recipient when they are equal after PostgreSQL's
+  ``lower()``: contacts are unique by it, and storage compares by it. Python's
+  ``str.lower`` folds a few letters otherwise (U+0130), so compare in SQL.
+
+A refusal is a ``FieldError`` naming the field and the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from email import errors as email_errors
+from email.headerregistry import HeaderRegistry
+from email.utils import formataddr
+
+import email_validator
+
+from tidings.fields import FieldError
+
+# A JSON schema maxLength for an address field; the octet limits below decide.
+MAX_ADDRESS_LENGTH = 320
+MAX_LOCAL_OCTETS = 64
+MAX_ADDRESS_OCTETS = 254
+
+BARE_ONLY = "must be one email address, without a display name or comment"
+MAILBOX_FORM = "must be an email address, optionally with a display name: 'Name <address>'"
+
+# The address forms email-validator accepts without further thought: an ASCII
+# dot-atom before the @ and a host name after it. For these only the domain
+# needs email-validator's full check, and a domain is checked once per
+# process (an import of 50,000 rows usually names a few dozen domains).
+_ATEXT = r"A-Za-z0-9_!#$%&'*+\-/=?^`{|}~"
+_PLAIN_ADDRESS = re.compile(rf"([{_ATEXT}]+(?:\.[{_ATEXT}]+)*)@([A-Za-z0-9.\-]+)")
+# Local parts that email-validator lowercases (RFC 2142); they take the full path.
+_CASELESS_MAILBOXES = frozenset(email_validator.rfc_constants.CASE_INSENSITIVE_MAILBOX_NAMES)
+
+_HEADERS = HeaderRegistry()
+
+
+@dataclass(frozen=True)
+class Mailbox:
+    """An address and the display name that goes with it (None: none given)."""
+
+    name: str | None
+    address: str
+
+    @property
+    def formatted(self) -> str:
+        """As a header writes it: ``Name <address>`` (RFC 2047-encoded if need be)."""
+        return formataddr((self.name, self.address)) if self.name else self.address
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalized_domain(domain: str) -> str | None:
+    try:
+        checked = email_validator.validate_email("a@" + domain, check_deliverability=False)
+    except email_validator.EmailNotValidError:
+        return None
+    return str(checked.domain)
+
+
+def _octets(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def normalize_address(text: str, field: str = "email") -> str:
+    """``text`` as one normalised bare address; FieldError with the reason otherwise.
+
+    The reason is email-validator's, or the RFC 5321 limit that is exceeded.
+    """
+    value = text.strip()
+    if len(value) > MAX_ADDRESS_LENGTH:
+        raise FieldError(field, f"longer than {MAX_ADDRESS_LENGTH} characters")
+    plain = _PLAIN_ADDRESS.fullmatch(value)
+    if plain is not None and len(value) <= MAX_ADDRESS_OCTETS:
+        local, domain = plain.groups()
+        if local.lower() not in _CASELESS_MAILBOXES:
+            normalized_domain = _normalized_domain(domain)
+            if normalized_domain is not None:
+                _check_limits(local, f"{local}@{normalized_domain}", field)
+                return f"{local}@{normalized_domain}"
+    try:
+        checked = email_validator.validate_email(value, check_deliverability=False)
+    except email_validator.EmailNotValidError as error:
+        raise FieldError(field, str(error)) from None
+    normalized = str(checked.normalized)
+    _check_limits(str(checked.local_part), normalized, field)
+    return normalized
+
+
+def _check_limits(local: str, address: str, field: str) -> None:
+    local_octets = _octets(local)
+    if local_octets > MAX_LOCAL_OCTETS:
+        raise FieldError(
+            field,
+            f"the part before the @ is {local_octets} octets long; "
+            f"at most {MAX_LOCAL_OCTETS} are allowed (RFC 5321)",
+        )
+    address_octets = _octets(address)
+    if address_octets > MAX_ADDRESS_OCTETS:
+        raise FieldError(
+            field,
+            f"the address is {address_octets} octets long; "
+            f"at most {MAX_ADDRESS_OCTETS} are allowed (RFC 5321)",
+        )
+
+
+def parse_address(text: str, field: str) -> str:
+    """One bare address, normalised. A display name or a comment is refused, since
+    only the address would be kept: FieldError naming ``field``."""
+    try:
+        return normalize_address(text, field)
+    except FieldError as error:
+        raise FieldError(field, f"{BARE_ONLY}: {error.reason}") from None
+
+
+def parse_mailbox(text: str, field: str = "from") -> Mailbox:
+    """An address with an optional display name: ``Name <a@b>``, ``"N, Inc." <a@b>``
+    or ``a@b``. Comments in parentheses, groups, several addresses and control
+    characters are refused (FieldError naming ``field``)."""
+    if any(ord(c) < 32 or c == "\x7f" for c in text):
+        raise FieldError(field, f"{MAILBOX_FORM}; control characters are not allowed")
+    if has_comment(text):
+        # The parser would drop a comment silently, or it would have to be
+        # guessed whether "(Acme)" is meant as the name: a name goes first.
+        raise FieldError(
+            field,
+            f"{MAILBOX_FORM}; comments in parentheses are not allowed "
+            "(a display name goes before the address)",
+        )
+    try:
+        header = _HEADERS("From", text)
+        groups = header.groups  # type: ignore[attr-defined]
+        addresses = header.addresses  # type: ignore[attr-defined]
+    except Exception:
+        # On some malformed input the standard library's parser fails with
+        # internal errors (AttributeError, UnboundLocalError...) instead of
+        # reporting a defect: all of them mean the value is not an address.
+        raise FieldError(field, MAILBOX_FORM) from None
+    invalid = [d for d in header.defects if isinstance(d, email_errors.InvalidHeaderDefect)]
+    if invalid or len(addresses) != 1 or groups[0].display_name is not None:
+        raise FieldError(field, MAILBOX_FORM)
+    address = addresses[0]
+    return Mailbox(address.display_name or None, normalize_address(address.addr_spec, field))
+
+
+def has_comment(value: str) -> bool:
+    """Whether ``value`` holds an RFC 5322 comment: a parenthesis outside a quoted string."""
+    quoted = escaped = False
+    for char in value:
+        if escaped:
+            escaped = False
+        elif quoted and char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char in "()" and not quoted:
+            return True
+    return False
+
+
+def _items(value: object, field: str, limit: int) -> list[tuple[str, str]]:
+    """(field of the item, text) for a string or a list of strings."""
+    if isinstance(value, str):
+        return [(field, value)]
+    if not isinstance(value, Sequence):
+        raise FieldError(field, "must be an email address or a list of them")
+    if not value:
+        raise FieldError(field, "must name at least one address")
+    if len(value) > limit:
+        raise FieldError(field, f"at most {limit} addresses, not {len(value)}")
+    items = []
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise FieldError(f"{field}.{index}", "must be a string")
+        items.append((f"{field}.{index}", item))
+    return items
+
+
+def parse_address_list(value: str | Sequence[str], field: str, limit: int) -> list[str]:
+    """Bare addresses (``to``, ``cc``, ``bcc``, ``reply_to``): one string, or a list
+    of 1 to ``limit``; each normalised, in the order given, repeats kept. An
+    item is named ``<field>.<index>`` when it is refused."""
+    return [parse_address(text, name) for name, text in _items(value, field, limit)]
+
+
+def parse_mailbox_list(value: str | Sequence[str], field: str, limit: int) -> list[Mailbox]:
+    """As ``parse_address_list``, each item with an optional display name."""
+    return [parse_mailbox(text, name) for name, text in _items(value, field, limit)]
