@@ -13,7 +13,7 @@ import trio
 from tests.conftest import assert_error
 from tests.email.dns_server import Zone, serve_dns
 from tests.http.audience import ok
-from tidings.config import Config
+from tidings.config import Config, parse_smtp_url
 from tidings.email.dns import Resolver, check
 from tidings.email.records import Record
 from tidings.email.verification import recheck_due
@@ -33,6 +33,8 @@ def config(database_url: str, zone: tuple[Zone, tuple[str, int]]) -> Config:
         database_url=database_url, db_pool_size=4, rate_limit_per_second=0,
         shutdown_grace_seconds=2, email_provider="smtp", dns_nameservers=(zone[1],),
         mail_host="mx.tidings.example",
+        # The service opens its email provider; nothing is sent in these tests.
+        smtp_url=parse_smtp_url("smtp://127.0.0.1:1"),
     )
 
 
