@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from bench import api, email, importing, render, webhooks
+from bench import api, email, importing, render, smtp, webhooks
 from bench.harness import HarnessError, log
 
 
@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "email": email,
     "import": importing,
     "render": render,
+    "smtp": smtp,
     "webhooks": webhooks,
 }
 

@@ -1,45 +1,35 @@
-"""``python -m bench.smtp_sink PORT FILE``: an SMTP sink (aiosmtpd) in its own process.
-
-Accepts every message and appends one line per message to FILE: the
-arrival time (Unix seconds) and the message's Message-ID. The email
-benchmark reads FILE to count arrivals and match them to its sends.
-"""
+"""An SMTP sink for benchmarks: aiosmtpd in its own process, accepting and
+counting every message. ``python -m bench.smtp_sink`` prints its port, then
+serves until killed; each line read on stdin answers with the count so far."""
 
 from __future__ import annotations
 
 import asyncio
-import re
-import signal
 import sys
-import time
 from typing import Any
 
-from aiosmtpd.controller import Controller
-
-_MESSAGE_ID = re.compile(rb"^Message-ID:\s*(<[^>\r\n]+>)", re.IGNORECASE | re.MULTILINE)
+from aiosmtpd.smtp import SMTP
 
 
-class Recorder:
-    def __init__(self, path: str) -> None:
-        self._out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+class Counter:
+    def __init__(self) -> None:
+        self.messages = 0
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        found = _MESSAGE_ID.search(envelope.original_content or b"")
-        message_id = found.group(1).decode() if found else "-"
-        self._out.write(f"{time.time():.6f} {message_id}\n")
+        self.messages += 1
         return "250 2.0.0 queued"
 
 
-def main() -> None:
-    port, path = int(sys.argv[1]), sys.argv[2]
-    loop = asyncio.new_event_loop()
-    controller = Controller(Recorder(path), hostname="127.0.0.1", port=port, loop=loop)
-    controller.start()
-    print("ready", flush=True)
-    signal.sigwait({signal.SIGTERM, signal.SIGINT})
-    controller.stop()
+async def main() -> None:
+    counter = Counter()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: SMTP(counter), "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while await reader.readline():
+        print(counter.messages, flush=True)
 
 
 if __name__ == "__main__":
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    main()
+    asyncio.run(main())

@@ -254,6 +254,8 @@ class Config:
     domain_recheck_seconds: float = 3600.0
     # SMTP connections to TIDINGS_SMTP_URL kept open and used at once, per process.
     smtp_connections: int = 8
+    # The bearer secret of POST /providers/smtp/reports; None turns the route off.
+    reports_secret: str | None = field(default=None, repr=False)
 
     # Seconds between the attempts of an email whose recipients were deferred.
     email_retry_schedule: tuple[float, ...] = (30, 120, 600, 1800, 3600, 7200)
@@ -313,6 +315,7 @@ class Config:
             email_lease_seconds=_float(env, "TIDINGS_EMAIL_LEASE_SECONDS", 60.0, minimum=1),
             email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
             smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
+            reports_secret=(env.get("TIDINGS_REPORTS_SECRET") or "").strip() or None,
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
         ))
 

@@ -21,6 +21,7 @@ from tidings.actors.runtime import Runtime, open_runtime
 from tidings.actors.webhooks import Webhooks, start_webhooks
 from tidings.auth import TokenCache
 from tidings.config import Config
+from tidings.email.verification import recheck_domains
 from tidings.metrics import Metrics
 from tidings.providers.email import EmailProvider
 from tidings.providers.select import open_email_provider
@@ -71,6 +72,7 @@ def start_actors(
     guard = Guard(allow_private=config.webhook_allow_private_urls, resolve=resolve)
     webhooks = start_webhooks(runtime, db, config, guard)
     emails = start_emails(runtime, db, config, email_provider)
+    runtime.singleton("domain-recheck", lambda: recheck_domains(db, config))
     return Actors(tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails)
 
 

@@ -96,3 +96,12 @@ async def recheck_due(db: Database, config: Config) -> list[Lapse]:
                 )
                 lapses.append(Lapse(domain, new))
     return lapses
+
+
+async def recheck_domains(db: Database, config: Config) -> None:
+    """Re-verify due domains forever (a singleton of the runtime): every
+    ``domain_recheck_seconds``, at most a minute apart. Several processes
+    may look the same domain up at once, which only repeats a lookup."""
+    while True:
+        await recheck_due(db, config)
+        await trio.sleep(min(config.domain_recheck_seconds, 60.0))

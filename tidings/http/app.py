@@ -20,6 +20,7 @@ from tidings.http import (
     contact_properties,
     contacts,
     domains,
+    email_reports,
     emails,
     envelope,
     events,
@@ -55,6 +56,7 @@ GROUPS: tuple[Routes, ...] = (
     webhooks.routes,
     events.routes,
     domains.routes,
+    email_reports.routes,
 )
 
 HTTP_CODES = {

@@ -2,10 +2,11 @@
 
 Messages go to one relay over a pool of persistent connections
 (``TIDINGS_SMTP_CONNECTIONS``), each reused for message after message and
-replaced when it fails. Building the MIME message and signing it with the
-domain's DKIM key is CPU work and runs in worker threads (OpenSSL's RSA
-releases the GIL), one per core at most; the SMTP dialogue runs on trio
-sockets. ``docs/email.md`` has the measurements behind that choice.
+replaced when it fails. Each send runs in a worker thread that builds the
+MIME message, signs it with the domain's DKIM key (OpenSSL's RSA releases
+the GIL, so signing runs on every core) and carries the SMTP transaction on
+a pooled ``smtplib`` connection; ``docs/email.md`` has the measurements
+behind that choice.
 
 Per recipient: accepted after the message → ``sent``; a 5xx at RCPT or at
 DATA → ``bounced``; a 5xx to MAIL FROM (the relay refuses the sender) →
@@ -15,8 +16,10 @@ the worker to retry with backoff.
 
 from __future__ import annotations
 
-import os
+import smtplib
 import ssl
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from email.utils import parseaddr
@@ -24,15 +27,10 @@ from email.utils import parseaddr
 import trio
 
 from tidings.config import Config, SmtpUrl
+from tidings.email import smtp_client
 from tidings.email.mime import build_message, message_id
 from tidings.email.signing import sign
-from tidings.email.smtp_client import (
-    Reply,
-    SmtpConnection,
-    SmtpConnectionError,
-    Transaction,
-    connect,
-)
+from tidings.email.smtp_client import Reply, SmtpConnectionError, Transaction
 from tidings.providers.email import (
     Deferral,
     EmailOutcome,
@@ -42,8 +40,6 @@ from tidings.providers.email import (
 )
 
 NAME = "smtp"
-CONNECT_TIMEOUT_SECONDS = 30.0
-TRANSACTION_TIMEOUT_SECONDS = 120.0
 # A pooled connection idle longer than this is replaced rather than reused:
 # servers drop idle clients after a few minutes (RFC 5321 asks for 5).
 IDLE_SECONDS = 60.0
@@ -112,72 +108,73 @@ class SmtpProvider:
         url: SmtpUrl,
         helo_name: str,
         *,
-        connections: int = 4,
+        connections: int = 8,
         tls_context: ssl.SSLContext | None = None,
-        threads: int | None = None,
     ) -> None:
         self.url = url
         self.helo_name = helo_name
         self.tls_context = tls_context or ssl.create_default_context()
-        self._slots = trio.Semaphore(connections)
-        self._idle: list[SmtpConnection] = []
-        self._cpu = trio.CapacityLimiter(threads or os.cpu_count() or 2)
+        # One thread per connection in use: it builds, signs and sends.
+        self._threads = trio.CapacityLimiter(connections)
+        self._idle: list[tuple[smtplib.SMTP, float]] = []
+        self._lock = threading.Lock()
         # Connections opened so far: tests and metrics see reuse with it.
         self.connections_opened = 0
 
     async def send(self, email: OutgoingEmail) -> EmailResult:
-        message = await trio.to_thread.run_sync(render, email, limiter=self._cpu)
+        """Cancellation waits for the worker thread's current socket operation
+        (at most ``SOCKET_TIMEOUT_SECONDS``)."""
+        return await trio.to_thread.run_sync(self._send, email, limiter=self._threads)
+
+    def _send(self, email: OutgoingEmail) -> EmailResult:
+        message = render(email)
         domain = email.dkim.domain if email.dkim else parseaddr(email.sender)[1].rpartition("@")[2]
         reference = message_id(email.message_id, domain)
-        async with self._slots:
-            for first_try in (True, False):
-                connection, reused = await self._take_idle()
-                try:
-                    if connection is None:
-                        with trio.fail_after(CONNECT_TIMEOUT_SECONDS):
-                            connection = await connect(self.url, self.helo_name,
-                                                       self.tls_context)
+        for first_try in (True, False):
+            client, reused = self._take_idle()
+            try:
+                if client is None:
+                    client = smtp_client.connect(self.url, self.helo_name, self.tls_context)
+                    with self._lock:
                         self.connections_opened += 1
-                    with trio.fail_after(TRANSACTION_TIMEOUT_SECONDS):
-                        transaction = await connection.send(
-                            email.return_path, list(email.recipients), message
-                        )
-                except SmtpConnectionError as error:
-                    if connection is not None:
-                        await connection.aclose()
-                    # A pooled connection the server had dropped: nothing of
-                    # this transaction happened, so a fresh one may try it.
-                    if first_try and reused and not error.answered:
-                        continue
-                    return self._all_deferred(email, reference, error.reply, str(error))
-                except trio.TooSlowError:
-                    if connection is not None:
-                        await connection.aclose()
-                    return self._all_deferred(email, reference, None, "the SMTP server timed out")
-                except BaseException:
-                    if connection is not None:
-                        await connection.aclose()
-                    raise
-                await self._give_back(connection, transaction)
-                return result_of(transaction, email.recipients, reference)
+                transaction = smtp_client.send(
+                    client, email.return_path, list(email.recipients), message
+                )
+            except SmtpConnectionError as error:
+                if client is not None:
+                    client.close()
+                # A pooled connection the server had dropped: nothing of this
+                # transaction happened, so a fresh one may try it.
+                if first_try and reused and not error.answered:
+                    continue
+                return self._all_deferred(email, reference, error.reply, str(error))
+            except BaseException:
+                if client is not None:
+                    client.close()
+                raise
+            self._give_back(client, transaction)
+            return result_of(transaction, email.recipients, reference)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _take_idle(self) -> tuple[SmtpConnection | None, bool]:
-        while self._idle:
-            connection = self._idle.pop()
-            if trio.current_time() - connection.last_used < IDLE_SECONDS:
-                return connection, True
-            await connection.aclose()
-        return None, False
+    def _take_idle(self) -> tuple[smtplib.SMTP | None, bool]:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None, False
+                client, since = self._idle.pop()
+            if time.monotonic() - since < IDLE_SECONDS:
+                return client, True
+            smtp_client.quit(client)
 
-    async def _give_back(self, connection: SmtpConnection, transaction: Transaction) -> None:
+    def _give_back(self, client: smtplib.SMTP, transaction: Transaction) -> None:
         replies = [transaction.mail, transaction.data, transaction.final,
                    *transaction.recipients.values()]
         if any(reply is not None and reply.code == 421 for reply in replies):
             # 421: the server is closing the channel.
-            await connection.aclose()
+            client.close()
             return
-        self._idle.append(connection)
+        with self._lock:
+            self._idle.append((client, time.monotonic()))
 
     @staticmethod
     def _all_deferred(
@@ -191,10 +188,10 @@ class SmtpProvider:
 
     async def aclose(self) -> None:
         """Say QUIT on every idle connection."""
-        idle, self._idle = self._idle, []
-        async with trio.open_nursery() as nursery:
-            for connection in idle:
-                nursery.start_soon(connection.quit)
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for client, _ in idle:
+            await trio.to_thread.run_sync(smtp_client.quit, client)
 
 
 @asynccontextmanager
