@@ -226,7 +226,15 @@ class Config:
     idempotency_retention_seconds: int = 86400
     idempotency_lock_seconds: int = 30
     idempotency_shards: int = 16
+    # How often the retention sweeper deletes expired idempotency records.
     idempotency_sweep_seconds: float = 60.0
+
+    # Retention: events (with their deliveries) and finished deliveries (with
+    # their attempts) older than this are deleted, in batches, every sweep.
+    event_retention_seconds: int = 30 * 86400
+    webhook_delivery_retention_seconds: int = 30 * 86400
+    retention_sweep_seconds: float = 300.0
+    retention_batch_size: int = 1000
 
     webhook_auto_disable_after: int = 20
     webhook_retry_schedule: tuple[float, ...] = (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
@@ -286,6 +294,16 @@ class Config:
                 env, "IDEMPOTENCY_RETENTION_SECONDS", 86400, minimum=1
             ),
             idempotency_lock_seconds=_int(env, "IDEMPOTENCY_LOCK_SECONDS", 30, minimum=1),
+            event_retention_seconds=_int(
+                env, "TIDINGS_EVENT_RETENTION_SECONDS", 30 * 86400, minimum=1
+            ),
+            webhook_delivery_retention_seconds=_int(
+                env, "TIDINGS_WEBHOOK_DELIVERY_RETENTION_SECONDS", 30 * 86400, minimum=1
+            ),
+            retention_sweep_seconds=_float(
+                env, "TIDINGS_RETENTION_SWEEP_SECONDS", 300.0, minimum=1
+            ),
+            retention_batch_size=_int(env, "TIDINGS_RETENTION_BATCH_SIZE", 1000, minimum=1),
             webhook_auto_disable_after=_int(
                 env, "WEBHOOK_DELIVERY_AUTO_DISABLE_AFTER", 20, minimum=1
             ),

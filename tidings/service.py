@@ -16,6 +16,7 @@ import trio
 
 from tidings.actors.emails import Emails, start_emails
 from tidings.actors.idempotency import IdempotencyKeys, start_idempotency
+from tidings.actors.retention import start_retention
 from tidings.actors.revocations import RevocationListener
 from tidings.actors.runtime import Runtime, open_runtime
 from tidings.actors.webhooks import Webhooks, start_webhooks
@@ -73,6 +74,7 @@ def start_actors(
     webhooks = start_webhooks(runtime, db, config, guard)
     emails = start_emails(runtime, db, config, email_provider)
     runtime.singleton("domain-recheck", lambda: recheck_domains(db, config))
+    runtime.singleton("retention", start_retention(db, config))
     return Actors(tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails)
 
 

@@ -1,0 +1,199 @@
+"""Restart policies: backoff, restart intensity and giving up, for keyed actors
+and for singletons, on trio's autojump clock."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+import pytest
+import trio
+
+from tests.actors.test_supervisor import Explode, Factory, Identify, Record
+from tidings.actors import ActorStopped, Backoff, Intensity, Singleton, open_supervisor
+from tidings.actors.runtime import open_runtime
+
+STEADY = Backoff(initial=1, factor=2, maximum=8, jitter=0)
+
+
+def test_an_intensity_needs_a_window() -> None:
+    with pytest.raises(ValueError):
+        Intensity(restarts=3, within=0)
+    with pytest.raises(ValueError):
+        Intensity(restarts=-1, within=10)
+
+
+async def test_a_key_crashing_past_its_intensity_is_given_up_with_its_hook(
+    autojump_clock: Any,
+) -> None:
+    factory = Factory()
+    given_up: list[tuple[Any, str, float]] = []
+
+    async def on_give_up(key: Any, error: Exception) -> None:
+        given_up.append((key, str(error), trio.current_time()))
+
+    start = trio.current_time()
+    async with open_supervisor(
+        "test", factory, mailbox_size=16, backoff=STEADY,
+        intensity=Intensity(restarts=3, within=60), on_give_up=on_give_up,
+    ) as supervisor:
+        handle = supervisor.handle("poison")
+        for _ in range(5):
+            handle.try_send(Explode())
+        handle.try_send(Record("never"))
+        with trio.fail_after(100):
+            while supervisor.is_running("poison"):
+                await trio.sleep(0.5)
+        # Restarted three times with a growing backoff, then given up on the fourth crash.
+        assert supervisor.restarts == 3
+        assert supervisor.given_up == 1
+        gaps = [later - earlier for earlier, later in pairwise(factory.times)]
+        assert gaps == pytest.approx([1, 2, 4])
+        assert given_up == [("poison", "boom", pytest.approx(start + 7))]
+        assert factory.journal == []  # what was queued behind the crashes was not handled
+
+        # Another key is not affected, and a later message starts a fresh actor.
+        assert await supervisor.handle("other").ask(Identify) == 5
+        assert await handle.ask(Identify) == 6
+    assert supervisor.restarts == 3
+
+
+async def test_a_request_queued_when_a_key_is_given_up_ends_with_actor_stopped(
+    autojump_clock: Any,
+) -> None:
+    factory = Factory()
+    async with open_supervisor(
+        "test", factory, backoff=STEADY, intensity=Intensity(restarts=0, within=60)
+    ) as supervisor:
+        handle = supervisor.handle("a")
+        handle.try_send(Explode())
+        with trio.fail_after(1):
+            with pytest.raises(ActorStopped):
+                await handle.ask(Identify)
+    assert supervisor.given_up == 1
+    assert supervisor.restarts == 0
+
+
+async def test_crashes_spread_wider_than_the_window_are_restarted_for_ever(
+    autojump_clock: Any,
+) -> None:
+    factory = Factory()
+    backoff = Backoff(initial=1, factor=1, maximum=1, jitter=0, reset_after=1000)
+    async with open_supervisor(
+        "test", factory, backoff=backoff, intensity=Intensity(restarts=2, within=10)
+    ) as supervisor:
+        handle = supervisor.handle("a")
+        for _ in range(6):
+            handle.try_send(Explode())
+            await trio.sleep(6)  # at most two crashes in any 10 s
+        assert await handle.ask(Identify) == 7
+    assert supervisor.restarts == 6
+    assert supervisor.given_up == 0
+
+
+async def test_a_failing_give_up_hook_is_logged_and_the_supervisor_goes_on(
+    autojump_clock: Any,
+) -> None:
+    factory = Factory()
+
+    async def broken_hook(key: Any, error: Exception) -> None:
+        raise RuntimeError("the hook failed too")
+
+    async with open_supervisor(
+        "test", factory, backoff=STEADY, intensity=Intensity(restarts=0, within=60),
+        on_give_up=broken_hook,
+    ) as supervisor:
+        supervisor.handle("a").try_send(Explode())
+        await trio.sleep(1)
+        assert not supervisor.is_running("a")
+        assert await supervisor.handle("b").ask(Identify) == 2
+    assert supervisor.given_up == 1
+
+
+# --- singletons -------------------------------------------------------------
+
+
+class Flaky:
+    """A singleton's body: crashes on its first ``crashes`` runs, then runs until cancelled."""
+
+    def __init__(self, crashes: int) -> None:
+        self.crashes = crashes
+        self.runs: list[float] = []
+
+    async def run(self) -> None:
+        self.runs.append(trio.current_time())
+        if len(self.runs) <= self.crashes:
+            await trio.sleep(0.5)
+            raise RuntimeError(f"crash {len(self.runs)}")
+        await trio.sleep_forever()
+
+
+async def test_a_singleton_is_restarted_with_backoff_and_stopped_with_the_runtime(
+    autojump_clock: Any,
+) -> None:
+    flaky = Flaky(crashes=3)
+    async with open_runtime(None) as runtime:  # type: ignore[arg-type]
+        child = runtime.singleton("flaky", flaky.run, backoff=STEADY)
+        await trio.sleep(100)
+        assert child.running() == ["flaky"]
+        assert child.restarts == 3
+        stopped_at = trio.current_time()
+    assert trio.current_time() == stopped_at  # cancelled at once, no waiting
+    assert child.running() == []
+    # Each run lasted 0.5 s before its crash; then 1, 2, 4 s of backoff.
+    gaps = [later - earlier for earlier, later in pairwise(flaky.runs)]
+    assert gaps == pytest.approx([1.5, 2.5, 4.5])
+    assert child in runtime.children()
+
+
+async def test_a_singleton_past_its_intensity_is_given_up_with_its_hook(
+    autojump_clock: Any,
+) -> None:
+    flaky = Flaky(crashes=100)
+    errors: list[str] = []
+
+    async def on_give_up(error: Exception) -> None:
+        errors.append(str(error))
+
+    async with trio.open_nursery() as nursery:
+        child = Singleton(
+            "flaky", flaky.run, backoff=STEADY,
+            intensity=Intensity(restarts=2, within=60), on_give_up=on_give_up,
+        )
+        child.start(nursery)
+        await trio.sleep(1000)
+        assert child.running() == []
+    assert len(flaky.runs) == 3
+    assert child.restarts == 2
+    assert child.given_up == 1
+    assert errors == ["crash 3"]
+
+
+async def test_a_singleton_stopped_during_its_backoff_is_not_restarted(
+    autojump_clock: Any,
+) -> None:
+    flaky = Flaky(crashes=1)
+    slow = Backoff(initial=100, factor=1, maximum=100, jitter=0)
+    async with trio.open_nursery() as nursery:
+        child = Singleton("flaky", flaky.run, backoff=slow)
+        child.start(nursery)
+        await trio.sleep(10)
+        stopped_at = trio.current_time()
+        child.stop()
+    assert trio.current_time() == stopped_at
+    assert len(flaky.runs) == 1
+    assert child.restarts == 1
+
+
+async def test_a_singleton_that_returns_is_done(autojump_clock: Any) -> None:
+    runs: list[float] = []
+
+    async def once() -> None:
+        runs.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        child = Singleton("once", once)
+        child.start(nursery)
+        await trio.sleep(100)
+    assert len(runs) == 1
+    assert child.restarts == 0
