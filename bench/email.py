@@ -172,7 +172,7 @@ def sink_ceiling(port: int, seconds: float, connections: int) -> float:
     thread per connection, one message after another on each)."""
     message = (
         b"From: news@bench.example\r\nTo: r@sink.example\r\nSubject: ceiling\r\n"
-        b"Message-ID: <ceiling@bench.example>\r\n\r\n" + b"x" * 1500 + b"\r\n"
+        b"Message-ID: <ceiling@bench.example>\r\n\r\n" + (b"x" * 75 + b"\r\n") * 20
     )
     counts = [0] * connections
     deadline = time.monotonic() + seconds
@@ -202,10 +202,10 @@ async def accept_phases(
     scheduled = (EMAIL_BODY[0], EMAIL_BODY[1][:-1] + f', "scheduled_at": "{later}"}}'.encode())
     phases = (("/contacts", CONTACT_BODY, ""), ("/emails", EMAIL_BODY, ""),
               ("/emails", scheduled, "_scheduled"))
-    for path, body, suffix in phases:
+    for number, (path, body, suffix) in enumerate(phases):
         for idempotent in (False, True):
             name = f"{path.strip('/')}{suffix}{'_idempotent' if idempotent else ''}"
-            tag = f"{run_tag}{name[0]}{int(idempotent)}"
+            tag = f"{run_tag}{number}{int(idempotent)}"
             requests = PostRequests(service.host, service.port, token, path, body, tag,
                                     idempotent)
             if args.warmup > 0:
