@@ -68,7 +68,9 @@ async def serving(database_url: str, port: int, log: Path) -> AsyncIterator[trio
         "TIDINGS_EMAIL_PROVIDER": "smtp",
         "TIDINGS_SMTP_URL": f"smtp://127.0.0.1:{port}?starttls=off",
         "TIDINGS_SMTP_CONNECTIONS": "2",
-        "TIDINGS_EMAIL_LEASE_SECONDS": "3",
+        # Long enough that a process starved of CPU (a loaded CI machine) keeps
+        # its leases between renewals; short enough for the kill test to wait out.
+        "TIDINGS_EMAIL_LEASE_SECONDS": "10",
         "TIDINGS_EMAIL_POLL_SECONDS": "0.2",
         "TIDINGS_MAIL_HOST": "mx.tidings.example",
     }
