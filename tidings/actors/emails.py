@@ -188,36 +188,72 @@ class Emails:
 
 
 class SendJob:
-    """What the actor of one team does with its leased emails."""
+    """What the actor of one team does with its leased emails.
+
+    While emails wait for the provider (its connections may all be busy) or
+    are being sent, their leases are renewed every third of the lease, so
+    that another process never takes up an email this one is still sending.
+    An email whose lease was lost anyway (this process stalled) is not sent.
+    """
 
     def __init__(self, team_id: UUID, emails: Emails) -> None:
         self._team_id = team_id
         self._emails = emails
+        self._held: set[UUID] = set()
+        self._lost: set[UUID] = set()
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[object]:
-        yield None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._renew)
+            yield None
+            nursery.cancel_scope.cancel()
+
+    async def _renew(self) -> None:
+        emails = self._emails
+        lease = emails.config.email_lease_seconds
+        while True:
+            await trio.sleep(lease / 3)
+            held = list(self._held)
+            if held:
+                kept = await emails.db.run(store.renew, held, emails.owner, lease)
+                self._lost.update(set(held) - kept)
 
     async def claim(self, limit: int) -> Batch[store.Claimed]:
         emails = self._emails
         claimed, next_in = await emails.db.run(
             store.claim, self._team_id, emails.owner, emails.config.email_lease_seconds, limit
         )
+        self._held.update(item.id for item in claimed)
         return Batch(claimed, next_in)
 
     async def perform(self, item: store.Claimed) -> store.Attempted:
+        if item.id in self._lost:
+            # Another process may have it now: leave it alone (recording will skip it).
+            return store.Attempted(item, None, None, None, None, self._emails.provider.name, [])
         return await self._emails.attempt(item)
 
     async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
         emails = self._emails
         attempted = [outcome for _item, outcome in done]
-        await emails.db.run(store.record_attempts, emails.owner, attempted)
+        try:
+            await emails.db.run(store.record_attempts, emails.owner, attempted)
+        finally:
+            self._forget([item for item, _outcome in done])
         if any(a.followups for a in attempted) and emails.followups is not None:
             emails.followups.wake(FOLLOWUPS)
 
     async def release(self, items: Sequence[store.Claimed]) -> None:
         emails = self._emails
-        await emails.db.run(store.release, [item.id for item in items], emails.owner)
+        try:
+            await emails.db.run(store.release, [item.id for item in items], emails.owner)
+        finally:
+            self._forget(items)
+
+    def _forget(self, items: Sequence[store.Claimed]) -> None:
+        for item in items:
+            self._held.discard(item.id)
+            self._lost.discard(item.id)
 
 
 class FollowupActor(Actor[Wake]):

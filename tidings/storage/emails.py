@@ -19,9 +19,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-from tidings.storage.domains import sending_domain
-from tidings.storage.events import NewEvent, record_events
-from tidings.storage.suppressions import suppressed
+from tidings.email.names import domain_name
+from tidings.storage.events import FANOUT
+from tidings.webhooks.catalogue import EVENT_TYPES
 
 STATUSES: tuple[str, ...] = (
     "scheduled", "queued", "sent", "delivered", "delivery_delayed", "bounced",
@@ -38,42 +38,72 @@ smtp_message_id, provider, attempt_count, last_error, created_at, updated_at
 """
 EVENT_COLUMNS = "id, email_id, type, recipient, occurred_at, provider, code, message"
 
-# The team's senders are woken when (and only if) the transaction commits.
-INSERT_EMAILS = f"""
-WITH inserted AS (
-INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, cc, bcc, reply_to,
-                    to_lookup, send_to, subject, html, text, headers, tags, status,
-                    scheduled_at, template_id, template_version_id, domain, smtp_message_id,
-                    provider, next_attempt_at, status_at)
-SELECT i.id, $1, i.from_address, i.from_email,
-       ARRAY(SELECT jsonb_array_elements_text(i.lists -> 0)),
-       ARRAY(SELECT jsonb_array_elements_text(i.lists -> 1)),
-       ARRAY(SELECT jsonb_array_elements_text(i.lists -> 2)),
-       ARRAY(SELECT jsonb_array_elements_text(i.lists -> 3)),
-       ARRAY(SELECT jsonb_array_elements_text(i.lists -> 4)),
-       ARRAY(SELECT jsonb_array_elements_text(i.lists -> 5)),
-       i.subject, i.html, i.text, i.headers, i.tags, i.status, i.scheduled_at,
-       i.template_id, i.template_version_id, i.domain, i.smtp_message_id, i.provider,
-       CASE i.status WHEN 'queued' THEN now() WHEN 'scheduled' THEN i.scheduled_at END,
-       i.status_at
-FROM unnest($2::uuid[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::text[],
-            $8::text[], $9::jsonb[], $10::jsonb[], $11::text[], $12::timestamptz[],
-            $13::uuid[], $14::uuid[], $15::text[], $16::text[], $17::text[],
-            $18::timestamptz[])
-     AS i(id, from_address, from_email, lists, subject, html, text, headers, tags, status,
-          scheduled_at, template_id, template_version_id, domain, smtp_message_id,
-          provider, status_at)
-RETURNING status
-)
-SELECT pg_notify('{DUE_CHANNEL}', $1::text)
-WHERE EXISTS (SELECT 1 FROM inserted WHERE status = 'queued')
+# State changes of emails, set-based: the email events and, with the same
+# ids, the webhook events ``message.<type>`` and their deliveries. $1..$10:
+# one array per column of ``change``.
+CHANGE = """
+change AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
+                         $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::jsonb[])
+        AS c(id, email_id, team_id, type, recipient, occurred_at, provider, code, message, data)
+)"""
+RECORDED = f"""
+email_event AS (
+    INSERT INTO email_events (id, email_id, team_id, type, recipient, occurred_at, provider,
+                              code, message)
+    SELECT id, email_id, team_id, type, recipient, occurred_at, provider, code, message
+    FROM change
+), event AS (
+    INSERT INTO events (id, team_id, type, channel, message_id, recipient, occurred_at, data)
+    SELECT id, team_id, 'message.' || type, '{CHANNEL}', email_id, recipient, occurred_at, data
+    FROM change
+    RETURNING id, team_id, type
+), {FANOUT}"""
+
+RECORD_CHANGES = f"WITH {CHANGE}, {RECORDED} SELECT woken FROM woken"
+
+# What acceptance checks, in one round trip: which of the names ($2) are
+# verified sending domains of the team (the domains group's table), and which
+# of the addresses ($3, lowercase) it suppresses.
+ACCEPT_CHECK = """
+SELECT ARRAY(SELECT name FROM domains
+             WHERE team_id = $1 AND name = ANY($2::text[]) AND status = 'verified') AS verified,
+       ARRAY(SELECT address FROM suppressions
+             WHERE team_id = $1 AND address = ANY($3::text[])) AS suppressed
 """
 
-INSERT_EVENTS = """
-INSERT INTO email_events (id, email_id, team_id, type, recipient, occurred_at, provider, code,
-                          message)
-SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
-                     $6::timestamptz[], $7::text[], $8::text[], $9::text[])
+# The emails ($11 the team, $12.. one array per column; the address lists as
+# one JSON array of arrays) with their first events, in one statement; the
+# team's senders are woken when (and only if) it commits.
+ACCEPT = f"""
+WITH {CHANGE}, inserted AS (
+    INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, cc, bcc, reply_to,
+                        to_lookup, send_to, subject, html, text, headers, tags, status,
+                        scheduled_at, template_id, template_version_id, domain,
+                        smtp_message_id, provider, next_attempt_at, status_at)
+    SELECT i.id, $11, i.from_address, i.from_email,
+           ARRAY(SELECT jsonb_array_elements_text(i.lists -> 0)),
+           ARRAY(SELECT jsonb_array_elements_text(i.lists -> 1)),
+           ARRAY(SELECT jsonb_array_elements_text(i.lists -> 2)),
+           ARRAY(SELECT jsonb_array_elements_text(i.lists -> 3)),
+           ARRAY(SELECT jsonb_array_elements_text(i.lists -> 4)),
+           ARRAY(SELECT jsonb_array_elements_text(i.lists -> 5)),
+           i.subject, i.html, i.text, i.headers, i.tags, i.status, i.scheduled_at,
+           i.template_id, i.template_version_id, i.domain, i.smtp_message_id, i.provider,
+           CASE i.status WHEN 'queued' THEN now() WHEN 'scheduled' THEN i.scheduled_at END,
+           i.status_at
+    FROM unnest($12::uuid[], $13::text[], $14::text[], $15::jsonb[], $16::text[], $17::text[],
+                $18::text[], $19::jsonb[], $20::jsonb[], $21::text[], $22::timestamptz[],
+                $23::uuid[], $24::uuid[], $25::text[], $26::text[], $27::text[],
+                $28::timestamptz[])
+         AS i(id, from_address, from_email, lists, subject, html, text, headers, tags, status,
+              scheduled_at, template_id, template_version_id, domain, smtp_message_id,
+              provider, status_at)
+    RETURNING status
+), {RECORDED}
+SELECT (SELECT woken FROM woken),
+       (SELECT count(pg_notify('{DUE_CHANNEL}', $11::text))
+        FROM (SELECT 1 FROM inserted WHERE status = 'queued' LIMIT 1) queued) AS senders
 """
 
 SELECT_EMAIL = f"SELECT {EMAIL_COLUMNS} FROM emails WHERE team_id = $1 AND id = $2"
@@ -263,12 +293,11 @@ class Clock:
         return self._now
 
 
-async def record_changes(conn: Any, changes: Sequence[Change]) -> None:
-    """Write email events and their webhook events: two statements for any number."""
-    if not changes:
-        return
-    await conn.execute(
-        INSERT_EVENTS,
+def _change_args(changes: Sequence[Change]) -> list[Any]:
+    for c in changes:
+        if f"message.{c.type}" not in EVENT_TYPES:
+            raise ValueError(f"message.{c.type} is not an event type of the catalogue")
+    return [
         [c.id for c in changes],
         [c.email_id for c in changes],
         [c.team_id for c in changes],
@@ -278,23 +307,14 @@ async def record_changes(conn: Any, changes: Sequence[Change]) -> None:
         [c.provider for c in changes],
         [c.code for c in changes],
         [c.message for c in changes],
-    )
-    await record_events(
-        conn,
-        [
-            NewEvent(
-                id=c.id,
-                team_id=c.team_id,
-                type=f"message.{c.type}",
-                channel=CHANNEL,
-                message_id=c.email_id,
-                recipient=c.recipient,
-                occurred_at=c.occurred_at,
-                data=c.data,
-            )
-            for c in changes
-        ],
-    )
+        [json.dumps(c.data) for c in changes],
+    ]
+
+
+async def record_changes(conn: Any, changes: Sequence[Change]) -> None:
+    """Write email events with their webhook events: one statement for any number."""
+    if changes:
+        await conn.fetchval(RECORD_CHANGES, *_change_args(changes))
 
 
 def acceptance_changes(team_id: UUID, email: NewEmail, clock: Clock) -> list[Change]:
@@ -315,14 +335,14 @@ def acceptance_changes(team_id: UUID, email: NewEmail, clock: Clock) -> list[Cha
 
 
 async def accept_emails(conn: Any, team_id: UUID, emails: Sequence[NewEmail]) -> None:
-    """Store accepted emails with their first events, in a few statements for
-    any number of them. Run it inside a transaction."""
+    """Store accepted emails with their first events: one statement for any number."""
     if not emails:
         return
     clock = Clock()
     changes = [change for email in emails for change in acceptance_changes(team_id, email, clock)]
-    await conn.execute(
-        INSERT_EMAILS,
+    await conn.fetchrow(
+        ACCEPT,
+        *_change_args(changes),
         team_id,
         [e.id for e in emails],
         [e.from_address for e in emails],
@@ -342,7 +362,6 @@ async def accept_emails(conn: Any, team_id: UUID, emails: Sequence[NewEmail]) ->
         [e.provider for e in emails],
         [clock.tick() for _ in emails],
     )
-    await record_changes(conn, changes)
 
 
 class UnverifiedDomain(Exception):
@@ -354,26 +373,31 @@ class UnverifiedDomain(Exception):
         self.domain = domain
 
 
+def _domain_key(name: str) -> str:
+    try:
+        return domain_name(name)
+    except ValueError:
+        return name
+
+
 async def accept(conn: Any, team_id: UUID, emails: Sequence[NewEmail]) -> list[NewEmail]:
-    """Check and store emails as one unit: their domains must be verified
-    (else UnverifiedDomain, nothing stored), suppressed recipients are found,
-    and the emails are stored with their first events in one transaction
-    (a savepoint inside the caller's). Returns them as stored."""
-    names = {e.domain for e in emails}
-    domains = {name: await sending_domain(conn, team_id, name) for name in names}
+    """Check and store emails as one unit, in two statements for any number:
+    their domains must be verified sending domains of the team (else
+    UnverifiedDomain, nothing stored); suppressed recipients are found; the
+    emails are stored with their first events. Returns them as stored."""
+    names = {e.domain: _domain_key(e.domain) for e in emails}
+    lowered = sorted({a.lower() for e in emails for a in e.send_to})
+    row = await conn.fetchrow(ACCEPT_CHECK, team_id, sorted(set(names.values())), lowered)
+    verified, blocked = set(row["verified"]), set(row["suppressed"])
     checked = []
     for index, email in enumerate(emails):
-        domain = domains[email.domain]
-        if domain is None:
+        name = names[email.domain]
+        if name not in verified:
             raise UnverifiedDomain(index, email.domain)
-        checked.append(replace(email, domain=domain.name))
-    emails = checked
-    blocked = await suppressed(conn, team_id, [a for e in emails for a in e.send_to])
-    if blocked:
-        emails = [replace(e, suppressed=[a for a in e.send_to if a in blocked]) for e in emails]
-    async with conn.transaction():
-        await accept_emails(conn, team_id, emails)
-    return list(emails)
+        found = [a for a in email.send_to if a.lower() in blocked]
+        checked.append(replace(email, domain=name, suppressed=found))
+    await accept_emails(conn, team_id, checked)
+    return checked
 
 
 async def get_email(conn: Any, team_id: UUID, email_id: UUID) -> Email | None:

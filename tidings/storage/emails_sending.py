@@ -27,7 +27,7 @@ from typing import Any
 from uuid import UUID
 
 from tidings.storage.emails import DUE_CHANNEL, Change, Clock, event_data, record_changes
-from tidings.storage.leases import lease_sql, owners_of
+from tidings.storage.leases import keys_of, lease_sql, owners_of
 from tidings.storage.suppressions import Reason, suppress_emails
 
 __all__ = ["DUE_CHANNEL"]
@@ -201,6 +201,11 @@ async def claim(
     if len(claimed) < limit:
         next_in = await conn.fetchval(LEASES.seconds_to_next_due, team_id)
     return claimed, next_in
+
+
+async def renew(conn: Any, ids: Sequence[UUID], owner: UUID, lease_seconds: float) -> set[UUID]:
+    """Extend the leases of emails still being sent; those still held."""
+    return set(keys_of(await conn.fetch(LEASES.renew, list(ids), owner, lease_seconds)))
 
 
 async def release(conn: Any, ids: Sequence[UUID], owner: UUID) -> None:

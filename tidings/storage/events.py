@@ -42,8 +42,28 @@ SELECT event.*,
 FROM event
 """
 
+# Deliveries of the events in a CTE named ``event`` (id, team_id, type): one
+# for each enabled endpoint of the event's team subscribed to its type, and a
+# NOTIFY per endpoint that got any (sent when the transaction commits).
+# Statements that record events set-based end with it; it defines the CTE
+# ``woken`` (one row: how many endpoints were notified), which their final
+# SELECT must read.
+FANOUT = f"""
+fanout AS (
+    INSERT INTO webhook_deliveries (team_id, endpoint_id, event_id, event_type, next_attempt_at)
+    SELECT event.team_id, endpoint.id, event.id, event.type, now()
+    FROM event JOIN webhook_endpoints endpoint ON endpoint.team_id = event.team_id
+    WHERE endpoint.status = 'enabled'
+      AND (endpoint.events @> ARRAY[event.type] OR endpoint.events @> ARRAY['{ALL_EVENTS}'])
+    RETURNING endpoint_id
+), woken AS (
+    SELECT count(pg_notify('{DUE_CHANNEL}', endpoint_id::text)) AS woken
+    FROM (SELECT DISTINCT endpoint_id FROM fanout) endpoints
+)
+"""
+
 # Many events at once, with ids chosen by the caller (so that rows of its own
-# can share them), and one NOTIFY per endpoint that got deliveries.
+# can share them).
 RECORD_EVENTS = f"""
 WITH event AS (
     INSERT INTO events (id, team_id, type, channel, message_id, recipient, occurred_at, data)
@@ -52,16 +72,8 @@ WITH event AS (
                 $7::timestamptz[], $8::jsonb[])
          AS i(id, team_id, type, channel, message_id, recipient, occurred_at, data)
     RETURNING id, team_id, type
-), fanout AS (
-    INSERT INTO webhook_deliveries (team_id, endpoint_id, event_id, event_type, next_attempt_at)
-    SELECT event.team_id, endpoint.id, event.id, event.type, now()
-    FROM event JOIN webhook_endpoints endpoint ON endpoint.team_id = event.team_id
-    WHERE endpoint.status = 'enabled'
-      AND (endpoint.events @> ARRAY[event.type] OR endpoint.events @> ARRAY['{ALL_EVENTS}'])
-    RETURNING endpoint_id
-)
-SELECT count(pg_notify('{DUE_CHANNEL}', endpoint_id::text))
-FROM (SELECT DISTINCT endpoint_id FROM fanout) endpoints
+), {FANOUT}
+SELECT woken FROM woken
 """
 
 SELECT_EVENT = f"SELECT {EVENT_COLUMNS} FROM events WHERE team_id = $1 AND id = $2"
