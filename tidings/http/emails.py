@@ -229,7 +229,9 @@ async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail
 
 async def accept(call: Call, emails: list[store.NewEmail], batch: bool) -> None:
     try:
-        await run_on(call.conn, store.accept, call.team_id, emails)
+        await run_on(
+            call.conn, store.accept, call.team_id, emails, call.service.config.quotas
+        )
     except store.UnverifiedDomain as error:
         where = f"{error.index}.from" if batch else "from"
         raise unprocessable(

@@ -38,9 +38,13 @@ ERROR_ENVELOPE = {
     },
 }
 
+# Routes with these permissions send, and what they send counts against quotas.
+SENDING_PERMISSIONS = frozenset({"email:send", "sms:send", "broadcasts:send"})
+
 ERROR_DESCRIPTIONS = {
     400: "Malformed request: the message names the field and the reason",
     401: "Missing, invalid, expired or revoked token",
+    402: "A quota of the team is used up; the message names it and when it resets",
     403: "The token lacks the permission (FORBIDDEN) or is not a step-up token",
     404: "Not found (also for another team's resources)",
     409: "Conflict: idempotency key reuse, uniqueness, or a state that does not allow it",
@@ -98,6 +102,8 @@ def error_statuses(route: Route) -> list[int]:
             statuses |= {409, 413}
         if route.body is not None or route.raw_body is not None:
             statuses.add(422)
+        if route.method == "POST" and route.permission in SENDING_PERMISSIONS:
+            statuses.add(402)  # sends count against the team's quotas
     return sorted(statuses)
 
 

@@ -19,7 +19,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+from tidings.config import QuotaDefaults
 from tidings.email.names import domain_name
+from tidings.storage import quotas
 from tidings.storage.events import FANOUT
 from tidings.webhooks.catalogue import EVENT_TYPES
 
@@ -380,23 +382,32 @@ def _domain_key(name: str) -> str:
         return name
 
 
-async def accept(conn: Any, team_id: UUID, emails: Sequence[NewEmail]) -> list[NewEmail]:
-    """Check and store emails as one unit, in two statements for any number:
-    their domains must be verified sending domains of the team (else
-    UnverifiedDomain, nothing stored); suppressed recipients are found; the
-    emails are stored with their first events. Returns them as stored."""
+async def accept(
+    conn: Any, team_id: UUID, emails: Sequence[NewEmail], limits: QuotaDefaults
+) -> list[NewEmail]:
+    """Check and store emails as one unit, in one transaction of three statements
+    for any number: their domains must be verified sending domains of the team
+    (else UnverifiedDomain, nothing stored); suppressed recipients are found; the
+    emails are stored with their first events; every recipient who is not
+    suppressed counts against the team's email quotas (else QuotaExceeded,
+    nothing stored). Returns them as stored."""
     names = {e.domain: _domain_key(e.domain) for e in emails}
     lowered = sorted({a.lower() for e in emails for a in e.send_to})
-    row = await conn.fetchrow(ACCEPT_CHECK, team_id, sorted(set(names.values())), lowered)
-    verified, blocked = set(row["verified"]), set(row["suppressed"])
-    checked = []
-    for index, email in enumerate(emails):
-        name = names[email.domain]
-        if name not in verified:
-            raise UnverifiedDomain(index, email.domain)
-        found = [a for a in email.send_to if a.lower() in blocked]
-        checked.append(replace(email, domain=name, suppressed=found))
-    await accept_emails(conn, team_id, checked)
+    async with conn.transaction():
+        row = await conn.fetchrow(ACCEPT_CHECK, team_id, sorted(set(names.values())), lowered)
+        verified, blocked = set(row["verified"]), set(row["suppressed"])
+        checked = []
+        for index, email in enumerate(emails):
+            name = names[email.domain]
+            if name not in verified:
+                raise UnverifiedDomain(index, email.domain)
+            found = [a for a in email.send_to if a.lower() in blocked]
+            checked.append(replace(email, domain=name, suppressed=found))
+        await accept_emails(conn, team_id, checked)
+        # Last, so that the team's quota row stays locked for the least time.
+        sending = sum(len(e.send_to) - len(e.suppressed) for e in checked)
+        if sending:
+            await quotas.claim(conn, team_id, "email", sending, limits)
     return checked
 
 
