@@ -31,7 +31,7 @@ from tidings.http.routing import Call, Routes
 from tidings.rendering import RenderError, render
 from tidings.storage import emails as store
 from tidings.storage import templates as template_store
-from tidings.storage.db import run_on
+from tidings.storage.db import AsyncioConnection, run_on
 
 routes = Routes("Email")
 
@@ -119,7 +119,7 @@ class EventQuery(BaseModel):
     offset: QueryInt = Field(0, ge=0, le=1_000_000_000)
 
 
-class EventOut(BaseModel):
+class EmailEventOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: UUID
@@ -131,9 +131,9 @@ class EventOut(BaseModel):
     message: str | None
 
 
-class EventList(BaseModel):
+class EmailEventList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[EventOut]
+    data: list[EmailEventOut]
 
 
 class Reschedule(RequestBody):
@@ -333,18 +333,20 @@ async def cancel_email(call: Call, email_id: UUID) -> dict[str, Any]:
     return EmailOut.of(email).dump()
 
 
-async def _cancel(conn: Any, team_id: UUID, email_id: UUID) -> store.Email | None:
+async def _cancel(
+    conn: AsyncioConnection, team_id: UUID, email_id: UUID
+) -> store.Email | None:
     async with conn.transaction():
         return await store.cancel(conn, team_id, email_id)
 
 
 @routes.route(
     "GET", "/emails/{email_id}/events", summary="The email's events, newest first",
-    permission="email:read", query=EventQuery, response=EventList,
+    permission="email:read", query=EventQuery, response=EmailEventList,
 )
 async def list_email_events(call: Call, email_id: UUID, query: EventQuery) -> dict[str, Any]:
     limit = min(query.limit, MAX_LIMIT)
     found = await store.list_email_events(call.conn, call.team_id, email_id, limit, query.offset)
     if found is None:
         raise not_found("email")
-    return {"object": "list", "data": [EventOut.model_validate(e) for e in found]}
+    return {"object": "list", "data": [EmailEventOut.model_validate(e) for e in found]}

@@ -38,7 +38,7 @@ import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -114,6 +114,15 @@ def _declared_for_asyncio(unit: Callable[..., object]) -> bool:
     return name.rpartition(".")[2] == "AsyncioConnection"
 
 
+def _check_unit(unit: Callable[..., object]) -> None:
+    if not may_run_on_asyncio(unit):
+        raise WrongSide(
+            f"{getattr(unit, '__qualname__', unit)!r} may not run on the asyncio side: "
+            "only functions of tidings.storage and functions whose first parameter "
+            "is an AsyncioConnection may"
+        )
+
+
 def _not_on_asyncio_side(what: str) -> None:
     if _on_asyncio_side.get():
         raise WrongSide(
@@ -154,12 +163,7 @@ class Database:
         goes back to the pool.
         """
         _not_on_asyncio_side("Database.run")
-        if not may_run_on_asyncio(unit):
-            raise WrongSide(
-                f"{getattr(unit, '__qualname__', unit)!r} may not run on the asyncio side: "
-                "only functions of tidings.storage and functions whose first parameter "
-                "is an AsyncioConnection may"
-            )
+        _check_unit(unit)
         runner = trio_asyncio.aio_as_trio(self._run_on_asyncio)
         result: T = await runner(unit, args, kwargs)
         return result
@@ -309,12 +313,28 @@ async def open_database(config: Config, *, run_migrations: bool = True) -> Async
             yield Database(pool, url)
 
 
-async def run_on(conn: Any, unit: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``unit(conn, *args)`` on a connection the caller holds, in one crossing.
+async def run_on(
+    conn: Connection,
+    unit: Callable[Concatenate[AsyncioConnection, P], Awaitable[T]],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """Run ``unit(conn, *args, **kwargs)`` on a connection the caller holds, in
+    one crossing.
 
     ``Database.run`` for a connection already taken (a request's, inside its
     transaction when it has one): the unit's queries run whole on the asyncio
-    side, on the asyncpg connection behind the triopg proxy.
+    side, on the asyncpg connection behind the triopg proxy. The same units
+    may run as with ``Database.run``; any other is refused with ``WrongSide``.
     """
-    raw = getattr(conn, "_asyncpg_conn", conn)
-    return await trio_asyncio.aio_as_trio(unit)(raw, *args)  # type: ignore[no-any-return]
+    _not_on_asyncio_side("run_on")
+    _check_unit(unit)
+    # triopg's proxy wraps the asyncpg connection that the unit gets.
+    raw = cast(AsyncioConnection, getattr(conn, "_asyncpg_conn", conn))
+
+    async def marked() -> T:
+        _on_asyncio_side.set(True)
+        return await unit(raw, *args, **kwargs)
+
+    result: T = await trio_asyncio.aio_as_trio(marked)()
+    return result

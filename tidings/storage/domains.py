@@ -17,6 +17,7 @@ import asyncpg
 
 from tidings.email.names import domain_name
 from tidings.email.records import Record, return_path_host
+from tidings.storage.connection import Connection
 from tidings.storage.errors import Duplicate
 
 DomainStatus = Literal["pending", "verified", "failed"]
@@ -119,7 +120,7 @@ def _records_json(records: Sequence[Record]) -> str:
 
 
 async def create_domain(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     name: str,
     selector: str,
@@ -137,17 +138,17 @@ async def create_domain(
     return _domain(row)
 
 
-async def get_domain(conn: Any, team_id: UUID, domain_id: UUID) -> Domain | None:
+async def get_domain(conn: Connection, team_id: UUID, domain_id: UUID) -> Domain | None:
     row = await conn.fetchrow(SELECT_DOMAIN, team_id, domain_id)
     return None if row is None else _domain(row)
 
 
-async def list_domains(conn: Any, team_id: UUID, limit: int, offset: int) -> list[Domain]:
+async def list_domains(conn: Connection, team_id: UUID, limit: int, offset: int) -> list[Domain]:
     return [_domain(row) for row in await conn.fetch(SELECT_DOMAINS, team_id, limit, offset)]
 
 
 async def delete_domain(
-    conn: Any, team_id: UUID, domain_id: UUID, *, allow_verified: bool
+    conn: Connection, team_id: UUID, domain_id: UUID, *, allow_verified: bool
 ) -> Literal["deleted", "verified"] | None:
     """Delete the domain: ``deleted``; None when the team has no such domain;
     ``verified`` (nothing deleted) when it is verified and not ``allow_verified``."""
@@ -166,7 +167,7 @@ class Check:
     status: Literal["verified", "failed"]
 
 
-async def record_checks(conn: Any, checks: Sequence[Check]) -> list[Domain]:
+async def record_checks(conn: Connection, checks: Sequence[Check]) -> list[Domain]:
     """Store what checks found, for any number of domains in one statement; the
     domains as they are now (a domain deleted meanwhile is left out)."""
     rows = await conn.fetch(
@@ -178,12 +179,14 @@ async def record_checks(conn: Any, checks: Sequence[Check]) -> list[Domain]:
     return [_domain(row) for row in rows]
 
 
-async def due_for_recheck(conn: Any, interval_seconds: float, limit: int) -> list[Domain]:
+async def due_for_recheck(conn: Connection, interval_seconds: float, limit: int) -> list[Domain]:
     """Verified domains, of every team, last checked more than ``interval_seconds`` ago."""
     return [_domain(row) for row in await conn.fetch(SELECT_DUE, interval_seconds, limit)]
 
 
-async def sending_domain(conn: Any, team_id: UUID, domain_name_: str) -> SendingDomain | None:
+async def sending_domain(
+    conn: Connection, team_id: UUID, domain_name_: str
+) -> SendingDomain | None:
     """The team's verified domain ``domain_name_`` (any case; IDNs in either
     form), with its key; None when the team has no such verified domain."""
     try:

@@ -22,6 +22,7 @@ from uuid import UUID, uuid4
 from tidings.config import QuotaDefaults
 from tidings.email.names import domain_name
 from tidings.storage import quotas
+from tidings.storage.connection import Connection, returned
 from tidings.storage.events import FANOUT
 from tidings.webhooks.catalogue import EVENT_TYPES
 
@@ -313,7 +314,7 @@ def _change_args(changes: Sequence[Change]) -> list[Any]:
     ]
 
 
-async def record_changes(conn: Any, changes: Sequence[Change]) -> None:
+async def record_changes(conn: Connection, changes: Sequence[Change]) -> None:
     """Write email events with their webhook events: one statement for any number."""
     if changes:
         await conn.fetchval(RECORD_CHANGES, *_change_args(changes))
@@ -336,7 +337,7 @@ def acceptance_changes(team_id: UUID, email: NewEmail, clock: Clock) -> list[Cha
     return changes
 
 
-async def accept_emails(conn: Any, team_id: UUID, emails: Sequence[NewEmail]) -> None:
+async def accept_emails(conn: Connection, team_id: UUID, emails: Sequence[NewEmail]) -> None:
     """Store accepted emails with their first events: one statement for any number."""
     if not emails:
         return
@@ -383,7 +384,7 @@ def _domain_key(name: str) -> str:
 
 
 async def accept(
-    conn: Any, team_id: UUID, emails: Sequence[NewEmail], limits: QuotaDefaults
+    conn: Connection, team_id: UUID, emails: Sequence[NewEmail], limits: QuotaDefaults
 ) -> list[NewEmail]:
     """Check and store emails as one unit, in one transaction of three statements
     for any number: their domains must be verified sending domains of the team
@@ -394,7 +395,9 @@ async def accept(
     names = {e.domain: _domain_key(e.domain) for e in emails}
     lowered = sorted({a.lower() for e in emails for a in e.send_to})
     async with conn.transaction():
-        row = await conn.fetchrow(ACCEPT_CHECK, team_id, sorted(set(names.values())), lowered)
+        row = returned(
+            await conn.fetchrow(ACCEPT_CHECK, team_id, sorted(set(names.values())), lowered)
+        )
         verified, blocked = set(row["verified"]), set(row["suppressed"])
         checked = []
         for index, email in enumerate(emails):
@@ -411,13 +414,13 @@ async def accept(
     return checked
 
 
-async def get_email(conn: Any, team_id: UUID, email_id: UUID) -> Email | None:
+async def get_email(conn: Connection, team_id: UUID, email_id: UUID) -> Email | None:
     row = await conn.fetchrow(SELECT_EMAIL, team_id, email_id)
     return None if row is None else Email.from_row(row)
 
 
 async def list_emails(
-    conn: Any, team_id: UUID, where: EmailFilter, limit: int, offset: int
+    conn: Connection, team_id: UUID, where: EmailFilter, limit: int, offset: int
 ) -> list[Email]:
     """Newest first; ``where.to`` is a bare address, matched case-insensitively."""
     to = None if where.to is None else where.to.strip().lower()
@@ -428,7 +431,7 @@ async def list_emails(
 
 
 async def list_email_events(
-    conn: Any, team_id: UUID, email_id: UUID, limit: int, offset: int
+    conn: Connection, team_id: UUID, email_id: UUID, limit: int, offset: int
 ) -> list[EmailEvent] | None:
     """The email's events, newest first; None if the team has no such email."""
     rows = await conn.fetch(SELECT_EVENTS, team_id, email_id, limit, offset)
@@ -445,14 +448,14 @@ class NotScheduled(Exception):
         self.status = status
 
 
-async def _not_scheduled(conn: Any, team_id: UUID, email_id: UUID) -> None:
+async def _not_scheduled(conn: Connection, team_id: UUID, email_id: UUID) -> None:
     status = await conn.fetchval(EXISTS, team_id, email_id)
     if status is not None:
         raise NotScheduled(status)
 
 
 async def reschedule(
-    conn: Any, team_id: UUID, email_id: UUID, scheduled_at: datetime
+    conn: Connection, team_id: UUID, email_id: UUID, scheduled_at: datetime
 ) -> Email | None:
     """Move a scheduled email's send; None if there is no such email.
     Raises NotScheduled when it is no longer scheduled (or is being sent)."""
@@ -463,7 +466,7 @@ async def reschedule(
     return Email.from_row(row)
 
 
-async def cancel(conn: Any, team_id: UUID, email_id: UUID) -> Email | None:
+async def cancel(conn: Connection, team_id: UUID, email_id: UUID) -> Email | None:
     """Cancel a scheduled email and record ``canceled``; None if there is no
     such email. Raises NotScheduled when it is no longer scheduled. Run it
     inside a transaction."""

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from tidings.storage.connection import Connection
 from tidings.storage.emails import DUE_CHANNEL, Change, Clock, event_data, record_changes
 from tidings.storage.leases import keys_of, lease_sql, owners_of
 from tidings.storage.suppressions import Reason, suppress_emails
@@ -186,12 +187,12 @@ class Outcome:
     occurred_at: datetime | None = None
 
 
-async def due_teams(conn: Any, limit: int) -> list[UUID]:
+async def due_teams(conn: Connection, limit: int) -> list[UUID]:
     return owners_of(await conn.fetch(LEASES.due_owners, limit))
 
 
 async def claim(
-    conn: Any, team_id: UUID, owner: UUID, lease_seconds: float, limit: int
+    conn: Connection, team_id: UUID, owner: UUID, lease_seconds: float, limit: int
 ) -> tuple[list[Claimed], float | None]:
     """Lease up to ``limit`` due emails of the team; and, when fewer were due,
     the seconds until the team's next email falls due (None: none scheduled)."""
@@ -203,12 +204,14 @@ async def claim(
     return claimed, next_in
 
 
-async def renew(conn: Any, ids: Sequence[UUID], owner: UUID, lease_seconds: float) -> set[UUID]:
+async def renew(
+    conn: Connection, ids: Sequence[UUID], owner: UUID, lease_seconds: float
+) -> set[UUID]:
     """Extend the leases of emails still being sent; those still held."""
     return set(keys_of(await conn.fetch(LEASES.renew, list(ids), owner, lease_seconds)))
 
 
-async def release(conn: Any, ids: Sequence[UUID], owner: UUID) -> None:
+async def release(conn: Connection, ids: Sequence[UUID], owner: UUID) -> None:
     await conn.execute(LEASES.release, list(ids), owner)
 
 
@@ -220,7 +223,7 @@ def _suppressions(changes: Sequence[Change]) -> list[tuple[UUID, str, Reason, UU
     ]
 
 
-async def record_attempts(conn: Any, owner: UUID, done: Sequence[Attempted]) -> int:
+async def record_attempts(conn: Connection, owner: UUID, done: Sequence[Attempted]) -> int:
     """Record attempts whose lease this process still holds, with their events,
     followups and suppressions, in one transaction; returns how many."""
     async with conn.transaction():
@@ -255,7 +258,7 @@ async def record_attempts(conn: Any, owner: UUID, done: Sequence[Attempted]) -> 
     return len(kept)
 
 
-async def record_outcomes(conn: Any, outcomes: Sequence[Outcome]) -> int:
+async def record_outcomes(conn: Connection, outcomes: Sequence[Outcome]) -> int:
     """Record what happened to recipients of emails, whatever reported it:
     events, status, and a suppression for a bounce or a complaint. Outcomes
     of emails that do not exist are skipped; returns how many were recorded.
@@ -294,7 +297,7 @@ async def record_outcomes(conn: Any, outcomes: Sequence[Outcome]) -> int:
 
 
 async def record_outcome(
-    conn: Any,
+    conn: Connection,
     email_id: UUID,
     recipient: str,
     type: str,
@@ -309,13 +312,13 @@ async def record_outcome(
     return await record_outcomes(conn, [outcome]) == 1
 
 
-async def email_by_smtp_message_id(conn: Any, message_id: str) -> UUID | None:
+async def email_by_smtp_message_id(conn: Connection, message_id: str) -> UUID | None:
     """The email sent with this ``Message-ID`` (``<...@domain>``), if any."""
     found = await conn.fetchval(BY_SMTP_MESSAGE_ID, message_id.strip())
     return found if isinstance(found, UUID) else None
 
 
-async def record_due_followups(conn: Any, limit: int) -> tuple[int, float | None]:
+async def record_due_followups(conn: Connection, limit: int) -> tuple[int, float | None]:
     """Record up to ``limit`` due followups in one transaction; how many, and
     the seconds until the next one falls due (None: none left)."""
     async with conn.transaction():
@@ -330,7 +333,7 @@ async def record_due_followups(conn: Any, limit: int) -> tuple[int, float | None
     return len(rows), next_in
 
 
-async def followups_due(conn: Any, limit: int) -> list[str]:
+async def followups_due(conn: Connection, limit: int) -> list[str]:
     """The dispatcher's poll: one key while any followup is due."""
     due = await conn.fetchval(FOLLOWUP_DUE_IN)
     return ["followups"] if due is not None and due <= 0 else []

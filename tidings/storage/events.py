@@ -9,12 +9,12 @@ commits. A change rolled back leaves neither event nor delivery behind.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
+from tidings.storage.connection import Connection, Json, Row, returned
 from tidings.storage.webhooks import DUE_CHANNEL
 from tidings.webhooks.catalogue import ALL_EVENTS, EVENT_TYPES, TEST_EVENT
 
@@ -88,25 +88,25 @@ class Event:
     message_id: UUID | None
     recipient: str | None
     occurred_at: datetime
-    data: dict[str, Any]
+    data: dict[str, Json]
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Any) -> Event:
+    def from_row(cls, row: Row) -> Event:
         fields = {name: row[name] for name in EVENT_COLUMNS.split(", ")}
         fields["data"] = json.loads(fields["data"])
         return cls(**fields)
 
 
 async def record_event(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     type: str,
     *,
     channel: str | None = None,
     message_id: UUID | None = None,
     recipient: str | None = None,
-    data: dict[str, Any] | None = None,
+    data: Mapping[str, object] | None = None,
     occurred_at: datetime | None = None,
     only_endpoint: UUID | None = None,
 ) -> tuple[Event, int]:
@@ -118,7 +118,7 @@ async def record_event(
     """
     if type not in EVENT_TYPES:
         raise ValueError(f"{type!r} is not an event type of the catalogue")
-    row = await conn.fetchrow(
+    row = returned(await conn.fetchrow(
         RECORD_EVENT,
         team_id,
         type,
@@ -128,7 +128,7 @@ async def record_event(
         occurred_at,
         json.dumps(data or {}),
         only_endpoint,
-    )
+    ))
     return Event.from_row(row), row["deliveries"]
 
 
@@ -143,10 +143,10 @@ class NewEvent:
     message_id: UUID | None = None
     recipient: str | None = None
     occurred_at: datetime | None = None
-    data: dict[str, Any] | None = None
+    data: Mapping[str, object] | None = None
 
 
-async def record_events(conn: Any, events: Sequence[NewEvent]) -> int:
+async def record_events(conn: Connection, events: Sequence[NewEvent]) -> int:
     """Record many events and their deliveries in one statement; returns how
     many endpoints were woken.
 
@@ -172,13 +172,13 @@ async def record_events(conn: Any, events: Sequence[NewEvent]) -> int:
     return woken
 
 
-async def get_event(conn: Any, team_id: UUID, event_id: UUID) -> Event | None:
+async def get_event(conn: Connection, team_id: UUID, event_id: UUID) -> Event | None:
     row = await conn.fetchrow(SELECT_EVENT, team_id, event_id)
     return None if row is None else Event.from_row(row)
 
 
 async def list_events(
-    conn: Any,
+    conn: Connection,
     team_id: UUID,
     limit: int,
     offset: int,
