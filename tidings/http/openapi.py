@@ -94,6 +94,10 @@ def error_statuses(route: Route) -> list[int]:
     statuses = {500, 503}
     if route.path_params or route.query is not None or not route.public:
         statuses.add(400)
+    if route.public and route.method in MUTATING:
+        # Provider callbacks: a refused signature or secret, an oversized body,
+        # a report that is not one.
+        statuses |= {400, 403, 413, 422}
     if not route.public:
         statuses |= {401, 403, 429}
         if route.path_params or route.raw_body is not None or _names_ids(route):
