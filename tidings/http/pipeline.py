@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import trio
 from quart import Response, g, request
@@ -41,7 +42,7 @@ from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import MUTATING, Answer, Call, Route
 from tidings.storage import idempotency as records
 from tidings.storage import tokens as token_store
-from tidings.storage.db import AsyncioConnection
+from tidings.storage.db import AsyncioConnection, Connection
 from tidings.storage.tokens import Token
 
 if TYPE_CHECKING:
@@ -162,6 +163,17 @@ def render(route: Route, result: Any) -> Rendered:
     return status, body, headers
 
 
+async def store_response(
+    conn: Connection, call: Call, route: Route, key: str, claim: UUID, status: int, body: bytes
+) -> None:
+    """Keep the response for replays under ``key`` (sealed when it shows a
+    secret), in the request's transaction; 409 if the claim was lost."""
+    token_id = call.token.id
+    kept = call.service.idempotency.stored_body(token_id, key, body, secret=route.secret_response)
+    if not await records.complete(conn, token_id, key, claim, status, kept):
+        raise conflict(LOCK_LOST)
+
+
 # --- a storage unit: the whole request's storage work in one crossing --------
 
 
@@ -221,11 +233,7 @@ async def run_unit(
             rendered = render(route, await route.handler(call, **kwargs))
             status, body, _ = rendered
             if 200 <= status < 300:
-                stored_body = service.idempotency.stored_body(
-                    token.id, key, body, secret=route.secret_response
-                )
-                if not await records.complete(conn, token.id, key, claim, status, stored_body):
-                    raise conflict(LOCK_LOST)
+                await store_response(conn, call, route, key, claim, status, body)
                 stored = True
         return call, rendered
     finally:
@@ -266,11 +274,7 @@ async def run_idempotent(
             result = await route.handler(call, **kwargs)
             status, body, headers = render(route, result)
             if 200 <= status < 300:
-                stored_body = service.idempotency.stored_body(
-                    token.id, key, body, secret=route.secret_response
-                )
-                if not await records.complete(conn, token.id, key, claim, status, stored_body):
-                    raise conflict(LOCK_LOST)
+                await store_response(conn, call, route, key, claim, status, body)
                 stored = True
         call.committed()
         return json_response(status, body, headers)
