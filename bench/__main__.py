@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from bench import api, importing, render, webhooks
+from bench import api, email, importing, render, webhooks
 from bench.harness import HarnessError, log
 
 
@@ -27,6 +27,7 @@ class Benchmark(Protocol):
 
 BENCHMARKS: dict[str, Benchmark] = {
     "api": api,
+    "email": email,
     "import": importing,
     "render": render,
     "webhooks": webhooks,

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from tidings.email.names import domain_name
+
 EMAIL_PROVIDERS = ("sandbox", "smtp")
 SMS_PROVIDERS = ("sandbox", "twilio")
 StartTls = Literal["require", "auto", "off"]
@@ -68,6 +70,19 @@ def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> 
     if not values or any(v < 0 for v in values):
         raise SettingError(f"{name} must list one or more non-negative seconds")
     return values
+
+
+def _host(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    host = raw.strip().lower().removesuffix(".")
+    if host != "localhost":
+        try:
+            host = domain_name(host)
+        except ValueError as error:
+            raise SettingError(f"{name} must be a host name, not {raw!r}: {error}") from None
+    return host
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
@@ -260,6 +275,22 @@ class Config:
     public_url: str = "http://127.0.0.1:8080"
     quotas: QuotaDefaults = QuotaDefaults()
 
+    # The host that sends and takes delivery reports: the SPF and return-path records name it.
+    mail_host: str = "localhost"
+    # How often a verified domain's records are looked up again.
+    domain_recheck_seconds: float = 3600.0
+    # SMTP connections to TIDINGS_SMTP_URL kept open and used at once, per process.
+    smtp_connections: int = 8
+
+    # Seconds between the attempts of an email whose recipients were deferred.
+    email_retry_schedule: tuple[float, ...] = (30, 120, 600, 1800, 3600, 7200)
+    # Sends in flight at once per team, per process.
+    email_concurrency: int = 64
+    # How long a claimed email is this process's before another may take it.
+    email_lease_seconds: float = 60.0
+    # How often each process looks for due emails it was not told about.
+    email_poll_seconds: float = 1.0
+
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
 
@@ -299,6 +330,17 @@ class Config:
             twilio_api_url=_http_url(env, "TIDINGS_TWILIO_API_URL", "https://api.twilio.com"),
             public_url=_http_url(env, "TIDINGS_PUBLIC_URL", "http://127.0.0.1:8080"),
             quotas=QuotaDefaults.from_env(env),
+            mail_host=_host(env, "TIDINGS_MAIL_HOST", "localhost"),
+            domain_recheck_seconds=_float(
+                env, "TIDINGS_DOMAIN_RECHECK_SECONDS", 3600.0, minimum=1
+            ),
+            email_retry_schedule=_schedule(
+                env, "TIDINGS_EMAIL_RETRY_SCHEDULE", (30, 120, 600, 1800, 3600, 7200)
+            ),
+            email_concurrency=_int(env, "TIDINGS_EMAIL_CONCURRENCY", 64, minimum=1),
+            email_lease_seconds=_float(env, "TIDINGS_EMAIL_LEASE_SECONDS", 60.0, minimum=1),
+            email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
+            smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
         ))
 

@@ -19,6 +19,8 @@ from tidings.http import (
     contact_import,
     contact_properties,
     contacts,
+    domains,
+    emails,
     envelope,
     events,
     openapi,
@@ -51,8 +53,10 @@ GROUPS: tuple[Routes, ...] = (
     segments.routes,
     suppressions.routes,
     templates.routes,
+    emails.routes,
     webhooks.routes,
     events.routes,
+    domains.routes,
 )
 
 HTTP_CODES = {
