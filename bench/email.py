@@ -119,7 +119,7 @@ class Sink:
 
     async def wait_for(self, total: int, within: float) -> None:
         with trio.move_on_after(within):
-            while self.count() < total:
+            while self.count() < total:  # noqa: ASYNC110
                 await trio.sleep(0.05)
         if self.count() < total:
             raise HarnessError(f"the sink got {self.count()} of {total} messages in {within:.0f}s")

@@ -18,12 +18,14 @@ from tidings.actors.emails import Emails, start_emails
 from tidings.actors.idempotency import IdempotencyKeys, start_idempotency
 from tidings.actors.revocations import RevocationListener
 from tidings.actors.runtime import Runtime, open_runtime
+from tidings.actors.sms import SmsSide, start_sms
 from tidings.actors.webhooks import Webhooks, start_webhooks
 from tidings.auth import TokenCache
 from tidings.config import Config
 from tidings.metrics import Metrics
 from tidings.providers.email import EmailProvider
-from tidings.providers.select import open_email_provider
+from tidings.providers.select import open_email_provider, open_sms_provider
+from tidings.providers.sms import SmsProvider
 from tidings.storage.db import Database, open_database
 from tidings.webhooks.safety import Guard, Resolver, system_resolve
 
@@ -40,6 +42,7 @@ class Service:
     webhooks: Webhooks
     runtime: Runtime
     emails: Emails
+    sms: SmsSide
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Actors:
     idempotency: IdempotencyKeys
     webhooks: Webhooks
     emails: Emails
+    sms: SmsSide
 
 
 def start_actors(
@@ -58,6 +62,7 @@ def start_actors(
     config: Config,
     resolve: Resolver,
     email_provider: EmailProvider,
+    sms_provider: SmsProvider,
 ) -> Actors:
     """Every group's actors and due work, registered with the runtime.
 
@@ -71,7 +76,10 @@ def start_actors(
     guard = Guard(allow_private=config.webhook_allow_private_urls, resolve=resolve)
     webhooks = start_webhooks(runtime, db, config, guard)
     emails = start_emails(runtime, db, config, email_provider)
-    return Actors(tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails)
+    sms = start_sms(runtime, db, config, sms_provider)
+    return Actors(
+        tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails, sms=sms
+    )
 
 
 @asynccontextmanager
@@ -84,10 +92,16 @@ async def open_service(
     ``config.shutdown_grace_seconds``; after that it is cancelled.
     ``resolve`` is how webhook target names are looked up.
     """
-    async with open_database(config) as db, open_email_provider(config) as email_provider:
+    async with (
+        open_database(config) as db,
+        open_email_provider(config) as email_provider,
+        open_sms_provider(config) as sms_provider,
+    ):
         with trio.CancelScope() as stopping:
             async with open_runtime(db) as runtime:
-                actors = start_actors(runtime, db, config, resolve, email_provider)
+                actors = start_actors(
+                    runtime, db, config, resolve, email_provider, sms_provider
+                )
                 webhooks = actors.webhooks
                 try:
                     yield Service(
@@ -101,6 +115,7 @@ async def open_service(
                         webhooks=webhooks,
                         runtime=runtime,
                         emails=actors.emails,
+                        sms=actors.sms,
                     )
                 finally:
                     stopping.deadline = trio.current_time() + config.shutdown_grace_seconds

@@ -24,7 +24,11 @@ from tidings.http import (
     envelope,
     events,
     openapi,
+    providers_twilio,
     segments,
+    sender_ids,
+    sms,
+    sms_list,
     suppressions,
     system,
     templates,
@@ -57,6 +61,10 @@ GROUPS: tuple[Routes, ...] = (
     webhooks.routes,
     events.routes,
     domains.routes,
+    sender_ids.routes,
+    sms.routes,
+    sms_list.routes,
+    providers_twilio.routes,
 )
 
 HTTP_CODES = {

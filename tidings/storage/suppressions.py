@@ -127,7 +127,7 @@ async def suppressed(conn: Connection, team_id: UUID, addresses: Iterable[str]) 
 
 
 async def suppress_emails(
-    conn: Any, entries: Iterable[tuple[UUID, str, Reason, UUID | None]]
+    conn: Connection, entries: Iterable[tuple[UUID, str, Reason, UUID | None]]
 ) -> None:
     """Suppress email addresses, each ``(team_id, address, reason, source_message_id)``,
     in one statement; addresses a team suppresses already are left as they are."""
