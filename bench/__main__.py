@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from bench import api, email, importing, render, webhooks
+from bench import api, email, importing, overload, render, webhooks
 from bench.harness import HarnessError, log
 
 
@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "api": api,
     "email": email,
     "import": importing,
+    "overload": overload,
     "render": render,
     "webhooks": webhooks,
 }

@@ -180,6 +180,7 @@ async def _worker(
     deadline: float,
     request_timeout: float,
     result: PhaseResult,
+    pause_after_503: float = 0.0,
 ) -> None:
     try:
         while time.perf_counter() < deadline:
@@ -206,6 +207,8 @@ async def _worker(
             if not keep_alive:
                 await conn.aclose()
                 conn = None
+            if status == 503 and pause_after_503 > 0:
+                await trio.sleep(pause_after_503)  # as Retry-After asks
     finally:
         if conn is not None:
             await conn.aclose()
@@ -219,6 +222,7 @@ async def run_load(
     connections: int,
     seconds: float,
     request_timeout: float = 10.0,
+    pause_after_503: float = 0.0,
 ) -> PhaseResult:
     """Keep one request in flight on each of ``connections`` for ``seconds``.
 
@@ -248,6 +252,7 @@ async def run_load(
                 started + seconds,
                 request_timeout,
                 result,
+                pause_after_503,
             )
     result.seconds = time.perf_counter() - started
     return result

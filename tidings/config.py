@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import os
 from collections.abc import Mapping
@@ -236,6 +238,23 @@ def _check_providers(config: Config) -> Config:
         if missing:
             raise SettingError(f"TIDINGS_SMS_PROVIDER=twilio needs {' and '.join(missing)}")
     return config
+def _secret_key(env: Mapping[str, str], name: str) -> bytes | None:
+    """32 bytes given as 64 hex digits or as base64; None when unset."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return None
+    try:
+        key = bytes.fromhex(raw) if len(raw) == 64 else base64.b64decode(
+            raw.replace("-", "+").replace("_", "/") + "=" * (-len(raw) % 4), validate=True
+        )
+    except (ValueError, binascii.Error):
+        key = b""
+    if len(key) != 32:
+        raise SettingError(
+            f"{name} must be 32 bytes as 64 hex digits or base64 "
+            "(e.g. the output of: python -c 'import secrets; print(secrets.token_hex(32))')"
+        )
+    return key
 
 
 @dataclass(frozen=True)
@@ -252,11 +271,17 @@ class Config:
     # Per-token requests per second (token bucket); 0 disables the limit.
     rate_limit_per_second: float = 100.0
     rate_limit_burst: int = 200
+    # Load shedding (tidings/http/shedding.py): requests handled at once, and
+    # requests that may wait for a pooled connection; beyond them, 503.
+    max_in_flight: int = 64
+    max_db_waiters: int = 10
 
     idempotency_retention_seconds: int = 86400
     idempotency_lock_seconds: int = 30
     idempotency_shards: int = 16
     idempotency_sweep_seconds: float = 60.0
+    # Seals stored responses that carry secrets (tidings/sealing.py).
+    secret_key: bytes | None = field(default=None, repr=False)
 
     webhook_auto_disable_after: int = 20
     webhook_retry_schedule: tuple[float, ...] = (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
@@ -322,10 +347,13 @@ class Config:
             ),
             rate_limit_per_second=_float(env, "TIDINGS_RATE_LIMIT_PER_SECOND", 100.0),
             rate_limit_burst=_int(env, "TIDINGS_RATE_LIMIT_BURST", 200, minimum=1),
+            max_in_flight=_int(env, "TIDINGS_MAX_IN_FLIGHT", 64, minimum=1),
+            max_db_waiters=_int(env, "TIDINGS_MAX_DB_WAITERS", 10, minimum=0),
             idempotency_retention_seconds=_int(
                 env, "IDEMPOTENCY_RETENTION_SECONDS", 86400, minimum=1
             ),
             idempotency_lock_seconds=_int(env, "IDEMPOTENCY_LOCK_SECONDS", 30, minimum=1),
+            secret_key=_secret_key(env, "TIDINGS_SECRET_KEY"),
             webhook_auto_disable_after=_int(
                 env, "WEBHOOK_DELIVERY_AUTO_DISABLE_AFTER", 20, minimum=1
             ),

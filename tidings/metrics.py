@@ -10,6 +10,10 @@ from prometheus_client.registry import Collector
 
 from tidings.actors.runtime import Supervised
 
+# Label values come from requests: a client may send any method name, and
+# every new label value is a series kept for the process's lifetime.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 
 class _SupervisorCollector(Collector):
     def __init__(self, supervisors: Callable[[], Sequence[Supervised]]) -> None:
@@ -80,6 +84,7 @@ class Metrics:
         self.registry.register(_WebhookCollector(webhook_attempts))
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        method = method if method in METHODS else "OTHER"
         self.requests.labels(method, route, str(status)).inc()
         self.latency.labels(method, route).observe(seconds)
 

@@ -25,6 +25,7 @@ import triopg
 from tidings.actors.duework import Batch, DueWork, LeasedWorker, open_listener
 from tidings.actors.policy import Backoff, Intensity
 from tidings.actors.runtime import Runtime, open_runtime
+from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
 from tidings.storage.leases import keys_of, lease_sql, owners_of
 
@@ -86,7 +87,7 @@ class StillDatabase(Database):
             return await super().run(unit, *args)
 
     async def sql(self, query: str, *args: Any) -> list[Any]:
-        async def unit(conn: Any) -> list[Any]:
+        async def unit(conn: AsyncioConnection) -> list[Any]:
             return list(await conn.fetch(query, *args))
 
         return await self.run(unit)  # type: ignore[no-any-return]
@@ -161,7 +162,7 @@ class JobOfOwner:
         yield None
 
     async def claim(self, limit: int) -> Batch[UUID]:
-        async def unit(conn: Any) -> Batch[UUID]:
+        async def unit(conn: AsyncioConnection) -> Batch[UUID]:
             now = trio.current_time()
             args = (now, self._owner, self._worker.id, LEASE_SECONDS, limit)
             rows = await conn.fetch(LEASES.claim, *args)
@@ -180,7 +181,7 @@ class JobOfOwner:
         return trio.current_time()
 
     async def record(self, done: Sequence[tuple[UUID, float]]) -> None:
-        async def unit(conn: Any) -> None:
+        async def unit(conn: AsyncioConnection) -> None:
             await conn.executemany(
                 LEASES.record, [(item, self._worker.id, at) for item, at in done]
             )
@@ -191,7 +192,7 @@ class JobOfOwner:
         if self._worker.hang:
             return  # a process that hangs (or died) gives nothing back
 
-        async def unit(conn: Any) -> None:
+        async def unit(conn: AsyncioConnection) -> None:
             await conn.execute(LEASES.release, list(items), self._worker.id)
 
         await self._db.run(unit)
@@ -214,7 +215,7 @@ class Worker:
         self, runtime: Runtime, db: StillDatabase, *, poll_seconds: float,
         intensity: Intensity | None = None,
     ) -> Any:
-        async def due(conn: Any, limit: int) -> list[UUID]:
+        async def due(conn: AsyncioConnection, limit: int) -> list[UUID]:
             return owners_of(await conn.fetch(LEASES.due_owners, trio.current_time(), limit))
 
         async def on_give_up(owner: UUID, error: Exception) -> None:
@@ -323,7 +324,7 @@ async def test_an_expired_lease_is_taken_over_by_another_owner(
     assert claimed_at + LEASE_SECONDS <= taken_at <= claimed_at + LEASE_SECONDS + 1.5
 
     # The dead owner, were it to come back, could record nothing: the lease is not its.
-    async def late(conn: Any) -> Any:
+    async def late(conn: AsyncioConnection) -> Any:
         return await conn.fetchval(LEASES.record, job, dead.id, trio.current_time())
 
     assert await db.run(late) == 0
@@ -388,7 +389,7 @@ async def test_renew_extends_only_the_leases_still_held(
     jobs_made = await add_jobs(db, owner, 0, 0)
     now = trio.current_time()
 
-    async def claim(conn: Any, by: UUID, limit: int) -> list[UUID]:
+    async def claim(conn: AsyncioConnection, by: UUID, limit: int) -> list[UUID]:
         rows = await conn.fetch(LEASES.claim, now, owner, by, LEASE_SECONDS, limit)
         return [row["id"] for row in rows]
 
@@ -396,7 +397,7 @@ async def test_renew_extends_only_the_leases_still_held(
     theirs = await db.run(claim, other, 5)
     assert len(mine) == 1 and sorted(mine + theirs) == sorted(jobs_made)
 
-    async def renew(conn: Any) -> list[UUID]:
+    async def renew(conn: AsyncioConnection) -> list[UUID]:
         return keys_of(await conn.fetch(LEASES.renew, now, jobs_made, holder, 100.0))
 
     assert await db.run(renew) == mine

@@ -52,3 +52,12 @@ async def test_a_header_with_two_credentials_is_401(
         "/contacts", headers={"Authorization": template.format(good=acme.secret)}
     )
     assert_error(response, 401, "UNAUTHORIZED")
+
+
+async def test_made_up_methods_do_not_grow_the_metrics(http: httpx.AsyncClient) -> None:
+    for number in range(20):
+        response = await http.request(f"X{number}METHOD", "/contacts")
+        assert_error(response, 405, "BAD_REQUEST")
+    text = (await http.get("/metrics")).text
+    assert "X0METHOD" not in text and "X19METHOD" not in text
+    assert 'method="OTHER",route="unmatched",status="405"} 20.0' in text

@@ -35,8 +35,8 @@ import triopg
 from tidings.actors.mailbox import ActorStopped, Mailbox, MailboxFull
 from tidings.actors.policy import DEFAULT_BACKOFF, Backoff, Intensity
 from tidings.actors.supervisor import Actor, GiveUp, Supervisor
+from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
-from tidings.storage.rows import Queries
 
 log = logging.getLogger("tidings.actors")
 
@@ -85,7 +85,7 @@ class DueWork(Generic[K]):
 
     name: str
     channel: str
-    due: Callable[[Queries, int], Awaitable[Sequence[K]]]
+    due: Callable[[AsyncioConnection, int], Awaitable[Sequence[K]]]
     parse: Callable[[str], K]
     actor: Callable[[K], Actor[Wake]]
     poll_seconds: float = 1.0

@@ -20,6 +20,7 @@ from tidings.actors.mailbox import Reply
 from tidings.actors.runtime import Runtime
 from tidings.actors.supervisor import Actor, Supervisor
 from tidings.config import Config
+from tidings.sealing import Sealer, is_sealed, load_key
 from tidings.storage import idempotency as records
 from tidings.storage.db import AsyncioConnection, Database
 
@@ -59,6 +60,12 @@ LOCK_EXPIRED = (
     "the previous attempt with this Idempotency-Key expired before it completed; "
     "retry the request"
 )
+SEALED_UNREADABLE = (
+    "the request with this Idempotency-Key completed, but its response carried a secret "
+    "that is stored encrypted with a key this process does not have (TIDINGS_SECRET_KEY "
+    "changed, or differs between processes), so it cannot be shown again; the operation "
+    "is not repeated. Use a new Idempotency-Key for a new one"
+)
 
 
 @dataclass(frozen=True)
@@ -72,9 +79,10 @@ class Begin:
 class IdempotencyShard(Actor[Begin]):
     idle_timeout = 300.0
 
-    def __init__(self, db: Database, config: Config) -> None:
+    def __init__(self, db: Database, config: Config, sealer: Sealer) -> None:
         self._db = db
         self._config = config
+        self._sealer = sealer
 
     async def handle(self, message: Begin) -> None:
         decision = await self._db.run(
@@ -83,7 +91,17 @@ class IdempotencyShard(Actor[Begin]):
             self._config.idempotency_lock_seconds,
             self._config.idempotency_retention_seconds,
         )
+        if isinstance(decision, Replay) and is_sealed(decision.body):
+            plain = self._sealer.open(decision.body, seal_context(message.scope, message.key))
+            decision = Refuse(SEALED_UNREADABLE) if plain is None else Replay(
+                decision.status, plain
+            )
         message.reply.send(decision)
+
+
+def seal_context(scope: UUID, key: str) -> bytes:
+    """What a sealed body is bound to: its credential and its key."""
+    return scope.bytes + key.encode()
 
 
 async def decide(conn: AsyncioConnection, begin: Begin, lock: float, retention: float) -> Decision:
@@ -110,13 +128,21 @@ async def decide(conn: AsyncioConnection, begin: Begin, lock: float, retention: 
 class IdempotencyKeys:
     """The shards, as HTTP handlers see them."""
 
-    def __init__(self, shards: Supervisor[int, Begin], count: int) -> None:
+    def __init__(self, shards: Supervisor[int, Begin], count: int, sealer: Sealer) -> None:
         self._shards = shards
         self._count = count
+        self._sealer = sealer
 
     async def begin(self, scope: UUID, key: str, fingerprint: bytes) -> Decision:
         shard = self._shards.handle(hash((scope, key)) % self._count)
         return await shard.ask(lambda reply: Begin(scope, key, fingerprint, reply))
+
+    def stored_body(self, scope: UUID, key: str, body: bytes, *, secret: bool) -> bytes:
+        """What to store as the replayable response: ``body``, or, when the
+        route shows a secret or the body holds one, ``body`` sealed."""
+        if secret or records.holds_secret(body):
+            return self._sealer.seal(body, seal_context(scope, key))
+        return body
 
     @property
     def supervisor(self) -> Supervisor[int, Begin]:
@@ -142,13 +168,15 @@ class IdempotencySweeper:
 def start_idempotency(runtime: Runtime, db: Database, config: Config) -> IdempotencyKeys:
     """Register the shards with the runtime."""
 
+    sealer = Sealer(load_key(config))
+
     def shard(_index: int) -> Actor[Begin]:
-        return IdempotencyShard(db, config)
+        return IdempotencyShard(db, config, sealer)
 
     shards: Supervisor[int, Begin] = runtime.keyed("idempotency", shard, mailbox_size=256)
     sweeper = IdempotencySweeper(db, config.idempotency_sweep_seconds)
     runtime.singleton("idempotency-sweeper", sweeper.run)
-    return IdempotencyKeys(shards, config.idempotency_shards)
+    return IdempotencyKeys(shards, config.idempotency_shards, sealer)
 
 
 __all__ = ["Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "start_idempotency"]

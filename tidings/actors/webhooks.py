@@ -30,8 +30,8 @@ from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
 from tidings.actors.runtime import Runtime
 from tidings.config import Config
 from tidings.storage import webhook_delivery as store
+from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
-from tidings.storage.rows import Queries
 from tidings.storage.webhooks import DUE_CHANNEL
 from tidings.webhooks.safety import Guard, GuardedBackend
 from tidings.webhooks.signing import signature_header
@@ -71,7 +71,7 @@ class Webhooks:
         if self.due is not None:
             self.due.wake(endpoint_id)
 
-    async def due_endpoints(self, conn: Queries, limit: int) -> list[UUID]:
+    async def due_endpoints(self, conn: AsyncioConnection, limit: int) -> list[UUID]:
         return await store.due_endpoints(conn, limit, self.first_delay)
 
     def outcome_of(

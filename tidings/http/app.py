@@ -39,6 +39,7 @@ from tidings.http import (
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes, make_view
+from tidings.http.shedding import Shedder
 from tidings.storage.errors import Duplicate
 from tidings.storage.quotas import QuotaExceeded
 
@@ -156,4 +157,12 @@ def create_app(service: Service) -> QuartTrio:
             500, error_body("INTERNAL_ERROR", "internal error; the details are in the server log")
         )
 
+    # Sheds load before Quart does any work for a request (the ASGI
+    # middleware idiom: hypercorn calls app(), which calls app.asgi_app).
+    app.asgi_app = Shedder(  # type: ignore[method-assign]
+        app.asgi_app,
+        max_in_flight=service.config.max_in_flight,
+        max_storage=service.config.db_pool_size + service.config.max_db_waiters,
+        on_shed=lambda method: service.metrics.observe(method, "(shed)", 503, 0.0),
+    )
     return app

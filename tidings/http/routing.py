@@ -121,6 +121,8 @@ class Route:
     raw_body: dict[str, Any] | None = None
     # The route's own body size limit; None: TIDINGS_MAX_BODY_BYTES.
     body_limit: Callable[[Config], int] | None = None
+    # The response shows a secret: stored only sealed for idempotent replays.
+    secret_response: bool = False
 
     def max_body_bytes(self, config: Config) -> int:
         return config.max_body_bytes if self.body_limit is None else self.body_limit(config)
@@ -159,6 +161,7 @@ class Routes:
         body_required: bool = True,
         raw_body: dict[str, Any] | None = None,
         body_limit: Callable[[Config], int] | None = None,
+        secret_response: bool = False,
     ) -> Callable[[Handler], Handler]:
         """Declare a route. ``path_types`` maps path parameters that are not UUIDs
         to ``str`` (handed over as they are); ``body_required=False`` lets a
@@ -182,6 +185,7 @@ class Routes:
                     body_required=body_required,
                     raw_body=raw_body,
                     body_limit=body_limit,
+                    secret_response=secret_response,
                 )
             )
             return handler
@@ -368,7 +372,10 @@ async def run_idempotent(
             result = await route.handler(call, **kwargs)
             status, body, headers = render(route, result)
             if 200 <= status < 300:
-                if not await records.complete(conn, token.id, key, claim, status, body):
+                stored_body = service.idempotency.stored_body(
+                    token.id, key, body, secret=route.secret_response
+                )
+                if not await records.complete(conn, token.id, key, claim, status, stored_body):
                     raise conflict(
                         "the idempotency lock of this request expired before it completed; "
                         "retry the request"

@@ -83,7 +83,7 @@ class TokenList(BaseModel):
 
 @routes.route(
     "POST", "/tokens", summary="Create a team token", permission="tokens:manage",
-    step_up=True, body=CreateToken, response=CreatedToken, status=201,
+    step_up=True, body=CreateToken, response=CreatedToken, status=201, secret_response=True,
 )
 async def create_token(call: Call, body: CreateToken) -> CreatedToken:
     if body.step_up:

@@ -191,6 +191,7 @@ async def _endpoint(call: Call, endpoint_id: UUID) -> store.Endpoint:
 @routes.route(
     "POST", "/webhook-endpoints", summary="Create a webhook endpoint",
     permission="webhooks:write", body=CreateEndpoint, response=EndpointWithSecret, status=201,
+    secret_response=True,
 )
 async def create_endpoint(call: Call, body: CreateEndpoint) -> EndpointWithSecret:
     await _vet_target(call, body.url)
@@ -278,7 +279,7 @@ async def enable_endpoint(call: Call, endpoint_id: UUID) -> EndpointOut:
 @routes.route(
     "POST", "/webhook-endpoints/{endpoint_id}/rotate-secret",
     summary="Give a webhook endpoint a new secret; the old one keeps signing for 24 hours",
-    permission="webhooks:write", response=EndpointWithSecret,
+    permission="webhooks:write", response=EndpointWithSecret, secret_response=True,
 )
 async def rotate_secret(call: Call, endpoint_id: UUID) -> EndpointWithSecret:
     endpoint = await store.rotate_secret(

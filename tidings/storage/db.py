@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import json
 import logging
+import os
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -199,8 +201,55 @@ def start_embedded(data_dir: Path) -> str:
         import pgserver
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(data_dir.resolve() / "pg", cleanup_mode="stop")
+    pgdata = data_dir.resolve() / "pg"
+    forget_dead_users(pgdata)
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
     return str(server.get_uri())
+
+
+# pgserver's list of the processes using a server: the last to leave stops it.
+HANDLE_LIST = ".handle_pids.json"
+
+
+def forget_dead_users(pgdata: Path) -> list[int]:
+    """Drop processes that no longer exist from pgserver's list of users of
+    the server in ``pgdata``; return their pids.
+
+    A process killed with ``kill -9`` never takes itself off that list, and
+    while it is named there no clean exit stops the server. Done under
+    pgserver's own inter-process lock, as it does its own changes.
+    """
+    from pgserver.postgres_server import PostgresServer
+
+    path = pgdata / HANDLE_LIST
+    with PostgresServer._lock:
+        try:
+            pids = [int(pid) for pid in json.loads(path.read_text())]
+        except (OSError, ValueError, TypeError):
+            return []
+        dead = [pid for pid in pids if not process_exists(pid)]
+        if dead:
+            path.write_text(json.dumps([pid for pid in pids if pid not in dead]))
+            log.info("forgot users of the embedded PostgreSQL that have died: %s", dead)
+        return dead
+
+
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` names a live process (a zombie is not one)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, as another user
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust kill()
+    # The state follows the command name, which is in parentheses.
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def with_database(url: str, database: str) -> str:

@@ -59,6 +59,15 @@ WHERE ctid IN (SELECT ctid FROM idempotency_keys WHERE expires_at <= now() LIMIT
 """
 
 
+# The prefixes of the secrets Tidings shows (tokens, webhook signing secrets):
+# a response that holds one is never stored in plain text.
+SECRET_MARKERS = (b"svc_team_", b"whsec_")
+
+
+def holds_secret(body: bytes) -> bool:
+    return any(marker in body for marker in SECRET_MARKERS)
+
+
 @dataclass(frozen=True)
 class Claimed:
     """The key is ours: execute the request, then complete or release the claim."""

@@ -68,3 +68,10 @@ async def migrate(conn: Connection) -> list[str]:
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+async def missing_migrations(conn: Connection) -> list[str]:
+    """The migrations this code has that the database lacks (all, without the table)."""
+    exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
+    applied = {row["version"] for row in await conn.fetch(SELECT_APPLIED)} if exists else set()
+    return [f"{m.version:04d}_{m.name}" for m in load_migrations() if m.version not in applied]

@@ -1,0 +1,179 @@
+"""Probes and load shedding: what a process answers when its pool and its slots are full."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from tests.conftest import Credential, assert_error
+from tidings.config import Config
+from tidings.http.app import create_app
+from tidings.http.shedding import Shedder
+from tidings.http.system import Readiness
+from tidings.service import Service, open_service
+
+# A probe must answer well within this, whatever else the process is doing.
+PROBE_SECONDS = 1.5
+
+
+@asynccontextmanager
+async def held_pool(service: Service) -> AsyncIterator[None]:
+    """Every pooled connection taken, so any request that needs one waits."""
+    size = service.config.db_pool_size
+    held = 0
+    release = trio.Event()
+
+    async def hold() -> None:
+        nonlocal held
+        async with service.db.acquire():
+            held += 1
+            await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(size):
+            nursery.start_soon(hold)
+        await wait_for(lambda: held == size)
+        try:
+            yield
+        finally:
+            release.set()
+
+
+async def test_healthz_and_readyz_answer_while_the_pool_is_held(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    async with held_pool(service):
+        with trio.fail_after(PROBE_SECONDS):
+            live = await http.get("/healthz")
+            ready = await http.get("/readyz")
+    assert live.status_code == 200, live.text
+    assert live.json() == {"success": True, "data": {"status": "ok"}}
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["data"] == {"status": "ready"}
+
+
+async def test_readyz_is_503_while_a_migration_is_missing(
+    http: httpx.AsyncClient, service: Service
+) -> None:
+    async with service.db.acquire() as conn:
+        await conn.execute(
+            "DELETE FROM schema_migrations WHERE version = "
+            "(SELECT max(version) FROM schema_migrations)"
+        )
+    message = assert_error(await http.get("/readyz"), 503, "SERVICE_UNAVAILABLE")
+    assert "migrations not applied" in message
+    # Liveness does not depend on storage.
+    assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_readiness_of_unreachable_storage(asyncio_bridge: None) -> None:
+    readiness = Readiness("postgresql://nobody@127.0.0.1:1/nothing")
+    with trio.fail_after(5):
+        assert await readiness.problem() == "storage is unreachable"
+
+
+# --- shedding -------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def shedding_service(
+    database_url: str, credential: Credential, **settings: Any
+) -> AsyncIterator[tuple[Service, Shedder, httpx.AsyncClient]]:
+    """The service served with its app at hand, to watch its shedder."""
+    config = Config(
+        database_url=database_url, rate_limit_per_second=0, shutdown_grace_seconds=2,
+        **settings,
+    )
+    async with open_service(config) as service, trio.open_nursery() as nursery:
+        app = create_app(service)
+        shedder = app.asgi_app
+        assert isinstance(shedder, Shedder)
+        http_config = HypercornConfig()
+        http_config.bind = ["127.0.0.1:0"]
+        http_config.accesslog = None
+        http_config.errorlog = logging.getLogger("hypercorn.error")
+        binds = await nursery.start(
+            lambda task_status: hypercorn_serve(
+                app, http_config, shutdown_trigger=trio.sleep_forever,  # type: ignore[arg-type]
+                task_status=task_status,
+            )
+        )
+        async with httpx.AsyncClient(
+            base_url=binds[0], headers=credential.headers, timeout=30
+        ) as client:
+            yield service, shedder, client
+        nursery.cancel_scope.cancel()
+
+
+async def wait_for(condition: Any) -> None:
+    with trio.fail_after(10):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+async def test_requests_beyond_the_storage_bound_are_shed_at_once(
+    database_url: str, acme: Credential
+) -> None:
+    async with shedding_service(
+        database_url, acme, db_pool_size=2, max_db_waiters=1, max_in_flight=50
+    ) as (service, shedder, client):
+        waiting: list[httpx.Response] = []
+
+        async def wait_in_line() -> None:
+            waiting.append(await client.get("/contacts"))
+
+        async with trio.open_nursery() as nursery:
+            async with held_pool(service):
+                for _ in range(3):  # the pool's 2 and 1 waiter
+                    nursery.start_soon(wait_in_line)
+                await wait_for(lambda: shedder.storage_in_flight == 3)
+                with trio.fail_after(PROBE_SECONDS):
+                    shed = await client.get("/contacts")
+                    live = await client.get("/healthz")
+                    ready = await client.get("/readyz")
+                    metrics = await client.get("/metrics")
+                message = assert_error(shed, 503, "SERVICE_UNAVAILABLE")
+                assert "capacity" in message
+                assert shed.headers["retry-after"] == "1"
+                assert shed.headers["connection"] == "close"
+                assert (live.status_code, ready.status_code, metrics.status_code) == (
+                    200, 200, 200
+                )
+                assert 'route="(shed)",status="503"' in metrics.text
+            # The pool is free: the waiting requests are answered.
+        assert [r.status_code for r in waiting] == [200, 200, 200]
+        # Counted out once their handlers return, just after the answers left.
+        await wait_for(lambda: shedder.in_flight == 0 and shedder.storage_in_flight == 0)
+        assert (await client.get("/contacts")).status_code == 200
+
+
+async def test_requests_beyond_the_in_flight_bound_are_shed(
+    database_url: str, acme: Credential
+) -> None:
+    async with shedding_service(
+        database_url, acme, db_pool_size=2, max_db_waiters=10, max_in_flight=2
+    ) as (service, shedder, client):
+        async with trio.open_nursery() as nursery:
+            async with held_pool(service):
+                for _ in range(2):
+                    nursery.start_soon(client.get, "/contacts")
+                await wait_for(lambda: shedder.in_flight == 2)
+                with trio.fail_after(PROBE_SECONDS):
+                    # Even a route without storage is shed; the probes are not.
+                    assert_error(await client.get("/metrics"), 503, "SERVICE_UNAVAILABLE")
+                    assert (await client.get("/healthz")).status_code == 200
+                    assert (await client.get("/readyz")).status_code == 200
+        assert shedder.shed_total == 1
+
+
+def test_shedding_settings() -> None:
+    config = Config.from_env({"TIDINGS_MAX_IN_FLIGHT": "7", "TIDINGS_MAX_DB_WAITERS": "0"})
+    assert (config.max_in_flight, config.max_db_waiters) == (7, 0)
+    assert (Config().max_in_flight, Config().max_db_waiters) == (64, 10)

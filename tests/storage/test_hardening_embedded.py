@@ -1,0 +1,84 @@
+"""The embedded PostgreSQL stops with its last user, even after users died of kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tidings.storage.db import HANDLE_LIST, forget_dead_users, process_exists
+
+# A user of the embedded server: starts (or joins) it, says so, then waits
+# for a line on stdin and exits cleanly (pgserver's exit handler runs).
+USER = """
+import sys
+from pathlib import Path
+from tidings.storage.db import start_embedded
+start_embedded(Path(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def start_user(data_dir: Path) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", USER, str(data_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+def postmaster_pid(data_dir: Path) -> int | None:
+    try:
+        return int((data_dir / "pg" / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def wait_gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while process_exists(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_clean_exit_stops_the_server_a_killed_user_left(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    killed = start_user(data_dir)
+    server = postmaster_pid(data_dir)
+    assert server is not None and process_exists(server)
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        assert process_exists(server)  # kill -9 leaves the server running
+
+        survivor = start_user(data_dir)
+        assert postmaster_pid(data_dir) == server  # it joined the running server
+        handles = json.loads((data_dir / "pg" / HANDLE_LIST).read_text())
+        assert handles == [survivor.pid]
+        survivor.communicate("\n", timeout=30)
+        assert survivor.returncode == 0
+        assert wait_gone(server, within=10), "the embedded PostgreSQL is still running"
+    finally:
+        if process_exists(server):
+            os.kill(server, signal.SIGTERM)
+
+
+def test_only_dead_users_are_forgotten(tmp_path: Path) -> None:
+    pgdata = tmp_path / "pg"
+    pgdata.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (pgdata / HANDLE_LIST).write_text(json.dumps([os.getpid(), dead.pid]))
+    assert forget_dead_users(pgdata) == [dead.pid]
+    assert json.loads((pgdata / HANDLE_LIST).read_text()) == [os.getpid()]
+    assert forget_dead_users(tmp_path / "missing") == []
