@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from bench import api, email, importing, overload, render, smtp, webhooks
+from bench import api, email, importing, overload, render, sms, smtp, webhooks
 from bench.harness import HarnessError, log
 
 
@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "import": importing,
     "overload": overload,
     "render": render,
+    "sms": sms,
     "smtp": smtp,
     "webhooks": webhooks,
 }

@@ -15,6 +15,10 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from tidings.email.names import domain_name
 
 EMAIL_PROVIDERS = ("sandbox", "smtp")
+DEFAULT_SMS_HELP_TEXT = (
+    "{team}: reply STOP to stop these messages, START to get them again. "
+    "Msg & data rates may apply."
+)
 SMS_PROVIDERS = ("sandbox", "twilio")
 StartTls = Literal["require", "auto", "off"]
 
@@ -344,6 +348,17 @@ class Config:
     # How often each process looks for due emails it was not told about.
     email_poll_seconds: float = 1.0
 
+    # Seconds between the attempts of an SMS the provider did not take (429, 5xx).
+    sms_retry_schedule: tuple[float, ...] = (5, 30, 120, 600, 1800)
+    # SMS sends in flight at once per team, per process.
+    sms_concurrency: int = 16
+    # How long a claimed SMS is this process's before another may take it.
+    sms_lease_seconds: float = 60.0
+    # How often each process looks for due SMS it was not told about.
+    sms_poll_seconds: float = 1.0
+    # The answer to an inbound HELP or INFO; {team} is the team's name.
+    sms_help_text: str = DEFAULT_SMS_HELP_TEXT
+
     # After SIGTERM: how long requests in flight may take to finish (and
     # then, at most as long again, the actors their current message).
     shutdown_grace_seconds: float = 30.0
@@ -410,6 +425,13 @@ class Config:
             email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
             smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
             reports_secret=(env.get("TIDINGS_REPORTS_SECRET") or "").strip() or None,
+            sms_retry_schedule=_schedule(
+                env, "TIDINGS_SMS_RETRY_SCHEDULE", (5, 30, 120, 600, 1800)
+            ),
+            sms_concurrency=_int(env, "TIDINGS_SMS_CONCURRENCY", 16, minimum=1),
+            sms_lease_seconds=_float(env, "TIDINGS_SMS_LEASE_SECONDS", 60.0, minimum=1),
+            sms_poll_seconds=_float(env, "TIDINGS_SMS_POLL_SECONDS", 1.0, minimum=0.05),
+            sms_help_text=(env.get("TIDINGS_SMS_HELP_TEXT") or "").strip() or DEFAULT_SMS_HELP_TEXT,
             quotas=QuotaDefaults.from_env(env),
             shutdown_grace_seconds=_float(
                 env, "TIDINGS_SHUTDOWN_GRACE_SECONDS", 30.0, minimum=0.1

@@ -19,13 +19,15 @@ from tidings.actors.idempotency import IdempotencyKeys, start_idempotency
 from tidings.actors.retention import start_retention
 from tidings.actors.revocations import RevocationListener
 from tidings.actors.runtime import Runtime, open_runtime
+from tidings.actors.sms import SmsSide, start_sms
 from tidings.actors.webhooks import Webhooks, start_webhooks
 from tidings.auth import TokenCache
 from tidings.config import Config
 from tidings.email.verification import recheck_domains
 from tidings.metrics import Metrics
 from tidings.providers.email import EmailProvider
-from tidings.providers.select import open_email_provider
+from tidings.providers.select import open_email_provider, open_sms_provider
+from tidings.providers.sms import SmsProvider
 from tidings.storage.db import Database, open_database
 from tidings.webhooks.safety import Guard, Resolver, system_resolve
 
@@ -42,6 +44,7 @@ class Service:
     webhooks: Webhooks
     runtime: Runtime
     emails: Emails
+    sms: SmsSide
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Actors:
     idempotency: IdempotencyKeys
     webhooks: Webhooks
     emails: Emails
+    sms: SmsSide
 
 
 def start_actors(
@@ -60,6 +64,7 @@ def start_actors(
     config: Config,
     resolve: Resolver,
     email_provider: EmailProvider,
+    sms_provider: SmsProvider,
 ) -> Actors:
     """Every group's actors and due work, registered with the runtime.
 
@@ -75,7 +80,10 @@ def start_actors(
     runtime.singleton("retention", start_retention(db, config))
     emails = start_emails(runtime, db, config, email_provider)
     runtime.singleton("domain-recheck", lambda: recheck_domains(db, config))
-    return Actors(tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails)
+    sms = start_sms(runtime, db, config, sms_provider)
+    return Actors(
+        tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails, sms=sms
+    )
 
 
 @asynccontextmanager
@@ -88,10 +96,16 @@ async def open_service(
     ``config.shutdown_grace_seconds``; after that it is cancelled.
     ``resolve`` is how webhook target names are looked up.
     """
-    async with open_database(config) as db, open_email_provider(config) as email_provider:
+    async with (
+        open_database(config) as db,
+        open_email_provider(config) as email_provider,
+        open_sms_provider(config) as sms_provider,
+    ):
         with trio.CancelScope() as stopping:
             async with open_runtime(db) as runtime:
-                actors = start_actors(runtime, db, config, resolve, email_provider)
+                actors = start_actors(
+                    runtime, db, config, resolve, email_provider, sms_provider
+                )
                 webhooks = actors.webhooks
                 try:
                     yield Service(
@@ -105,6 +119,7 @@ async def open_service(
                         webhooks=webhooks,
                         runtime=runtime,
                         emails=actors.emails,
+                        sms=actors.sms,
                     )
                 finally:
                     stopping.deadline = trio.current_time() + config.shutdown_grace_seconds

@@ -25,7 +25,11 @@ from tidings.http import (
     envelope,
     events,
     openapi,
+    providers_twilio,
     segments,
+    sender_ids,
+    sms,
+    sms_list,
     suppressions,
     system,
     templates,
@@ -64,6 +68,10 @@ GROUPS: tuple[Routes, ...] = (
     events.routes,
     domains.routes,
     email_reports.routes,
+    sender_ids.routes,
+    sms.routes,
+    sms_list.routes,
+    providers_twilio.routes,
 )
 
 HTTP_CODES = {

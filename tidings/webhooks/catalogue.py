@@ -17,6 +17,11 @@ EVENT_TYPES: dict[str, str] = {
     "message.failed": "The provider rejected the message or could not route it.",
     "message.undelivered": "The carrier could not deliver the SMS to the device.",
     "message.canceled": "A scheduled message was canceled before it was sent.",
+    "message.processing": "The SMS was taken up by the send worker and is being handed over.",
+    "message.submitted": "The SMS provider accepted the message for sending.",
+    "message.rejected": "The SMS provider or carrier refused the message.",
+    "message.expired": "The SMS was not delivered within its validity period.",
+    "message.unknown": "The SMS provider cannot say what became of the message.",
     "message.suppressed": (
         "A recipient is on the team's suppression list: the email is not sent to it."
     ),

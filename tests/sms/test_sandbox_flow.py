@@ -1,0 +1,160 @@
+"""The sandbox's whole life of a text message (CONTRACT §9) through the send
+worker, every status move reaching a webhook receiver as ``message.<status>``
+with channel ``sms``, and the consent model: STOP then send is 422, START
+then send is 202."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import assert_error
+from tests.sms.helpers import NUMBER, event_types, later, ok, send, settled
+from tests.webhooks.receiver import Receiver
+from tidings.config import Config
+from tidings.providers.twilio import signature
+
+TOKEN = "twilio-test-auth-token"
+PUBLIC = "https://tidings.example"
+
+
+@pytest.fixture
+def config(database_url: str) -> Config:
+    return Config(
+        database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
+        shutdown_grace_seconds=2, webhook_allow_private_urls=True,
+        webhook_poll_seconds=0.2, sms_poll_seconds=0.2,
+        # The sandbox sends; Twilio's inbound webhook still takes START and HELP.
+        twilio_auth_token=TOKEN, public_url=PUBLIC,
+    )
+
+
+async def inbound(http: httpx.AsyncClient, **form: str) -> httpx.Response:
+    path = "/providers/twilio/inbound"
+    sig = signature(TOKEN, PUBLIC + path, form.items())
+    return await http.post(path, data=form, headers={"X-Twilio-Signature": sig})
+
+
+async def test_each_number_gets_its_scripted_outcome(sms_client: httpx.AsyncClient) -> None:
+    started = trio.current_time()
+    cases = {
+        NUMBER: ("delivered", ["queued", "processing", "submitted", "sent", "delivered"]),
+        "+14155550001": ("undelivered",
+                         ["queued", "processing", "submitted", "sent", "undelivered"]),
+        "+14155550002": ("failed", ["queued", "processing", "submitted", "failed"]),
+    }
+    ids = {to: (await send(sms_client, to=to))["id"] for to in cases}
+    for to, (status, expected) in cases.items():
+        sms = await settled(sms_client, ids[to], status)
+        assert [t.removeprefix("message.") for t in await event_types(sms_client, ids[to])] == (
+            expected
+        ), to
+        assert sms["message_id"].startswith("sandbox-")
+        assert sms["submitted_at"] is not None
+    assert trio.current_time() - started < 8
+    undelivered = ok(await sms_client.get(f"/sms/{ids['+14155550001']}"))
+    assert undelivered["failure"]["code"] == "30003"
+    assert undelivered["delivered_at"] is None
+    delivered = ok(await sms_client.get(f"/sms/{ids[NUMBER]}"))
+    assert delivered["failure"] is None and delivered["delivered_at"] is not None
+    assert ok(await sms_client.get("/sms", params={"status": "undelivered"}))[0]["id"] == (
+        ids["+14155550001"]
+    )
+
+
+async def test_every_move_reaches_a_webhook_receiver(
+    sms_client: httpx.AsyncClient, nursery: trio.Nursery
+) -> None:
+    receiver = Receiver()
+    await nursery.start(receiver.serve)
+    ok(await sms_client.post("/webhook-endpoints", json={"url": receiver.url, "events": ["*"]}),
+       201)
+    sms = await send(sms_client)
+    received = await receiver.wait_for(5)
+    bodies = sorted((r.event for r in received), key=lambda e: e["occurred_at"])
+    assert [b["event"] for b in bodies] == [
+        "message.queued", "message.processing", "message.submitted", "message.sent",
+        "message.delivered",
+    ]
+    for body in bodies:
+        assert body["channel"] == "sms"
+        assert body["message_id"] == sms["id"]
+        assert body["to"] == NUMBER
+        assert body["data"]["from"] == "Acme"
+    assert bodies[-1]["data"]["provider_message_id"].startswith("sandbox-")
+
+
+async def test_stop_then_send_is_422_and_start_then_send_is_202(
+    sms_client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    stopper = "+14155550003"
+    contact = ok(await sms_client.post("/contacts", json={"phone": stopper}), 201)
+    first = await send(sms_client, to=stopper)
+    await settled(sms_client, first["id"], "delivered")
+    with trio.fail_after(10):
+        while True:
+            found = ok(await sms_client.get(f"/contacts/{contact['id']}"))
+            if found["sms_consent_status"] == "opted_out":
+                break
+            await trio.sleep(0.05)
+    assert found["sms_consent_source"] == "keyword"
+    suppressions = ok(await sms_client.get("/suppressions"))["data"]
+    assert [(s["address"], s["kind"], s["reason"]) for s in suppressions] == [
+        (stopper, "phone", "sms_opt_out")
+    ]
+    refused = await sms_client.post("/sms", json={"to": stopper, "from": "Acme", "body": "x"})
+    assert "opted out" in assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+
+    # START, sent to the team's number, opts back in.
+    ok(await sms_client.post("/sender-ids", json={"value": "+14155550100",
+                                                  "type": "long_code"}), 201)
+    answer = await inbound(http, From=stopper, To="+14155550100", Body=" start ",
+                           MessageSid="SM1")
+    assert answer.status_code == 200 and "<Response>" in answer.text
+    assert ok(await sms_client.get(f"/contacts/{contact['id']}"))["sms_consent_status"] == (
+        "opted_in"
+    )
+    assert ok(await sms_client.get("/suppressions"))["data"] == []
+    await send(sms_client, to=stopper)
+
+
+async def test_stop_without_a_contact_is_a_phone_suppression(
+    sms_client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    ok(await sms_client.post("/sender-ids", json={"value": "+14155550100",
+                                                  "type": "long_code"}), 201)
+    for word in ("STOP", "stopall", "Unsubscribe.", "cancel", "END", "quit"):
+        await inbound(http, From=NUMBER, To="+14155550100", Body="START", MessageSid="SM0")
+        await send(sms_client)
+        answer = await inbound(http, From=NUMBER, To="+14155550100", Body=word, MessageSid="SM1")
+        assert answer.status_code == 200
+        refused = await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"})
+        assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+    # A sentence is not a keyword.
+    await inbound(http, From=NUMBER, To="+14155550100", Body="please stop it", MessageSid="SM2")
+    assert_error(await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"}),
+                 422, "UNPROCESSABLE_ENTITY")
+
+
+async def test_help_answers_with_the_help_text_naming_the_team(
+    sms_client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    ok(await sms_client.post("/sender-ids", json={"value": "+14155550100",
+                                                  "type": "long_code"}), 201)
+    answer = await inbound(http, From=NUMBER, To="+14155550100", Body="help", MessageSid="SM3")
+    assert answer.headers["content-type"].startswith("text/xml")
+    assert "<Message>acme: reply STOP" in answer.text
+    await send(sms_client)  # HELP changes no consent
+
+
+async def test_a_message_to_a_number_that_opted_out_after_acceptance_fails(
+    sms_client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    ok(await sms_client.post("/sender-ids", json={"value": "+14155550100",
+                                                  "type": "long_code"}), 201)
+    scheduled = await send(sms_client, scheduled_at=later(seconds=1))
+    await inbound(http, From=NUMBER, To="+14155550100", Body="STOP", MessageSid="SM4")
+    failed = await settled(sms_client, scheduled["id"], "failed")
+    assert failed["failure"]["code"] == "opted_out"
+

@@ -1,0 +1,85 @@
+"""POST/GET/DELETE /sender-ids: validation, approval, isolation, permissions."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import Credential, MakeToken, assert_error
+from tests.sms.helpers import ok
+
+
+async def test_create_each_type_is_approved_at_once_in_the_sandbox(
+    client: httpx.AsyncClient,
+) -> None:
+    alpha = ok(await client.post("/sender-ids", json={"value": "Acme 2", "type": "alphanumeric",
+                                                      "countries": ["GB", "DE"]}), 201)
+    assert alpha["object"] == "sender_id"
+    assert (alpha["value"], alpha["type"], alpha["status"], alpha["countries"]) == (
+        "Acme 2", "alphanumeric", "approved", ["GB", "DE"],
+    )
+    long = ok(await client.post("/sender-ids", json={"value": "14155550100",
+                                                     "type": "long_code"}), 201)
+    assert (long["value"], long["countries"]) == ("+14155550100", ["US"])
+    short = ok(await client.post("/sender-ids", json={"value": "12345", "type": "short_code"}), 201)
+    assert short["value"] == "12345"
+    assert set(alpha) == {"object", "id", "value", "type", "status", "countries",
+                          "created_at", "updated_at"}
+
+
+@pytest.mark.parametrize(
+    ("value", "type"),
+    [
+        ("", "alphanumeric"), ("TwelveChars1", "alphanumeric"), ("12345", "alphanumeric"),
+        ("Acme!", "alphanumeric"), ("Acmé", "alphanumeric"), ("12", "short_code"),
+        ("123456789", "short_code"), ("12a45", "short_code"), ("+1415abc", "long_code"),
+        ("+999123", "long_code"), ("Acme", "toll_free"),
+    ],
+)
+async def test_invalid_values_are_400(client: httpx.AsyncClient, value: str, type: str) -> None:
+    response = await client.post("/sender-ids", json={"value": value, "type": type})
+    assert_error(response, 400, "BAD_REQUEST")
+
+
+async def test_eleven_characters_with_a_space_and_one_letter_are_enough(
+    client: httpx.AsyncClient,
+) -> None:
+    ok(await client.post("/sender-ids", json={"value": "A1234 67890", "type": "alphanumeric"}), 201)
+
+
+async def test_a_duplicate_value_is_409(client: httpx.AsyncClient) -> None:
+    ok(await client.post("/sender-ids", json={"value": "Acme", "type": "alphanumeric"}), 201)
+    again = await client.post("/sender-ids", json={"value": "Acme", "type": "alphanumeric"})
+    assert "value" in assert_error(again, 409, "CONFLICT")
+
+
+async def test_list_get_delete_and_other_teams(
+    client: httpx.AsyncClient, base_url: str, make_token: MakeToken
+) -> None:
+    first = ok(await client.post("/sender-ids", json={"value": "One", "type": "alphanumeric"}), 201)
+    second = ok(await client.post("/sender-ids", json={"value": "Two", "type": "alphanumeric"}),
+                201)
+    listed = ok(await client.get("/sender-ids", params={"limit": 1}))
+    assert [s["id"] for s in listed["data"]] == [second["id"]] and listed["has_more"]
+    assert ok(await client.get(f"/sender-ids/{first['id']}"))["value"] == "One"
+    other: Credential = await make_token(team="other")
+    async with httpx.AsyncClient(base_url=base_url, headers=other.headers) as them:
+        assert_error(await them.get(f"/sender-ids/{first['id']}"), 404, "NOT_FOUND")
+        assert_error(await them.delete(f"/sender-ids/{first['id']}"), 404, "NOT_FOUND")
+        assert ok(await them.get("/sender-ids"))["data"] == []
+    deleted = await client.delete(f"/sender-ids/{first['id']}")
+    assert deleted.status_code == 204
+    assert_error(await client.get(f"/sender-ids/{first['id']}"), 404, "NOT_FOUND")
+
+
+async def test_permissions_are_domains_read_and_write(
+    base_url: str, make_token: MakeToken
+) -> None:
+    reader = await make_token(team="acme", permissions=["domains:read"])
+    async with httpx.AsyncClient(base_url=base_url, headers=reader.headers) as client:
+        ok(await client.get("/sender-ids"))
+        refused = await client.post("/sender-ids", json={"value": "Acme", "type": "alphanumeric"})
+        assert "domains:write" in assert_error(refused, 403, "FORBIDDEN")
+    sender = await make_token(team="acme", permissions=["sms:send"])
+    async with httpx.AsyncClient(base_url=base_url, headers=sender.headers) as client:
+        assert_error(await client.get("/sender-ids"), 403, "FORBIDDEN")

@@ -1,0 +1,154 @@
+"""TIDINGS_SMS_PROVIDER=twilio against the Twilio double: send, status
+callbacks with a valid and an invalid signature, sync, 429 with Retry-After,
+a refused message, and sender ID review."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import assert_error
+from tests.sms.helpers import NUMBER, event_types, ok, send, settled
+from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble
+from tidings.config import Config
+from tidings.providers.twilio import signature
+
+PUBLIC = "https://tidings.example"
+STATUS = "/providers/twilio/status"
+
+
+@pytest.fixture
+async def double(nursery: trio.Nursery) -> AsyncIterator[TwilioDouble]:
+    twilio = TwilioDouble(owned_numbers={"+14155550100"}, owned_short_codes={"55555"})
+    await nursery.start(twilio.serve)
+    yield twilio
+
+
+@pytest.fixture
+def config(database_url: str, double: TwilioDouble) -> Config:
+    return Config(
+        database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
+        shutdown_grace_seconds=2, sms_poll_seconds=0.2, sms_retry_schedule=(0.1, 0.1),
+        sms_provider="twilio", twilio_account_sid=ACCOUNT_SID, twilio_auth_token=AUTH_TOKEN,
+        twilio_api_url=double.base, public_url=PUBLIC,
+    )
+
+
+async def callback(http: httpx.AsyncClient, *, valid: bool = True, **form: str) -> httpx.Response:
+    sig = signature(AUTH_TOKEN if valid else "wrong-token", PUBLIC + STATUS, form.items())
+    return await http.post(STATUS, data=form, headers={"X-Twilio-Signature": sig})
+
+
+async def test_sender_ids_are_reviewed_by_the_account(client: httpx.AsyncClient) -> None:
+    cases = [("Acme", "alphanumeric", "approved"), ("+14155550100", "long_code", "approved"),
+             ("+14155550199", "long_code", "rejected"), ("55555", "short_code", "approved"),
+             ("66666", "short_code", "rejected")]
+    for value, type, status in cases:
+        created = ok(await client.post("/sender-ids", json={"value": value, "type": type}), 201)
+        assert created["status"] == status, value
+    refused = await client.post("/sms", json={"to": NUMBER, "from": "+14155550199", "body": "x"})
+    assert "rejected" in assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+
+
+async def sent_through_twilio(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
+    ok(await client.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}), 201)
+    sms = await send(client, **{"from": "+14155550100"}, **fields)
+    return await settled(client, sms["id"], "submitted")
+
+
+async def test_send_posts_the_form_with_basic_auth_and_the_status_callback(
+    client: httpx.AsyncClient, double: TwilioDouble
+) -> None:
+    sms = await sent_through_twilio(client, body="Hi €")
+    assert sms["message_id"] in double.messages
+    (_at, form), = double.sends
+    assert form == {"To": NUMBER, "From": "+14155550100", "Body": "Hi €",
+                    "StatusCallback": PUBLIC + STATUS}
+    assert [t.removeprefix("message.") for t in await event_types(client, sms["id"])] == [
+        "queued", "processing", "submitted",
+    ]
+
+
+async def test_status_callbacks_are_verified_and_move_forward_only(
+    client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    sms = await sent_through_twilio(client)
+    sid = sms["message_id"]
+    forged = await callback(http, valid=False, MessageSid=sid, MessageStatus="delivered")
+    assert_error(forged, 403, "FORBIDDEN")
+    unsigned = await http.post(STATUS, data={"MessageSid": sid, "MessageStatus": "delivered"})
+    assert_error(unsigned, 403, "FORBIDDEN")
+    assert ok(await client.get(f"/sms/{sms['id']}"))["last_event"] == "submitted"
+
+    for status in ("sent", "delivered", "sent", "undelivered"):
+        answer = await callback(http, MessageSid=sid, MessageStatus=status, AccountSid=ACCOUNT_SID)
+        assert answer.status_code == 200
+    final = ok(await client.get(f"/sms/{sms['id']}"))
+    assert final["last_event"] == "delivered" and final["delivered_at"] is not None
+    assert [t.removeprefix("message.") for t in await event_types(client, sms["id"])] == [
+        "queued", "processing", "submitted", "sent", "delivered",
+    ]
+    # A tampered parameter breaks the signature.
+    form = {"MessageSid": sid, "MessageStatus": "failed"}
+    sig = signature(AUTH_TOKEN, PUBLIC + STATUS, form.items())
+    tampered = await http.post(STATUS, data={**form, "ErrorCode": "30007"},
+                               headers={"X-Twilio-Signature": sig})
+    assert_error(tampered, 403, "FORBIDDEN")
+
+
+async def test_a_failure_callback_records_the_code(
+    client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    sms = await sent_through_twilio(client)
+    await callback(http, MessageSid=sms["message_id"], MessageStatus="undelivered",
+                   ErrorCode="30003")
+    found = ok(await client.get(f"/sms/{sms['id']}"))
+    assert found["last_event"] == "undelivered"
+    assert found["failure"] == {"code": "30003", "message": None}
+
+
+async def test_sync_fetches_the_message(client: httpx.AsyncClient, double: TwilioDouble) -> None:
+    sms = await sent_through_twilio(client)
+    double.messages[sms["message_id"]]["status"] = "sent"
+    assert ok(await client.post(f"/sms/{sms['id']}/sync"))["last_event"] == "sent"
+    double.messages[sms["message_id"]].update(status="failed", error_code=30007,
+                                              error_message="Carrier violation")
+    synced = ok(await client.post(f"/sms/{sms['id']}/sync"))
+    assert synced["last_event"] == "failed"
+    assert synced["failure"] == {"code": "30007", "message": "Carrier violation"}
+
+
+async def test_429_is_retried_after_retry_after(
+    client: httpx.AsyncClient, double: TwilioDouble
+) -> None:
+    double.throttle_next = 1
+    sms = await sent_through_twilio(client)
+    first, second = double.sends
+    assert second[0] - first[0] >= 1.0  # Retry-After: 1, longer than the schedule's 0.1
+    assert [t.removeprefix("message.") for t in await event_types(client, sms["id"])] == [
+        "queued", "processing", "submitted",
+    ]
+
+
+async def test_throttled_past_the_schedule_fails(
+    client: httpx.AsyncClient, double: TwilioDouble
+) -> None:
+    double.throttle_next = 10
+    ok(await client.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}), 201)
+    sms = await send(client, **{"from": "+14155550100"})
+    failed = await settled(client, sms["id"], "failed", within=15)
+    assert failed["failure"]["code"] == "20429"
+    assert len(double.sends) == 3  # the first attempt and the schedule's two retries
+
+
+async def test_a_refused_message_is_rejected_with_twilios_code(client: httpx.AsyncClient) -> None:
+    ok(await client.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}), 201)
+    sms = await send(client, **{"from": "+14155550100"}, to="+14155559999")
+    rejected = await settled(client, sms["id"], "rejected")
+    assert rejected["failure"] == {
+        "code": "21610", "message": "Attempt to send to unsubscribed recipient",
+    }

@@ -1,0 +1,106 @@
+"""A Twilio double for tests, written from Twilio's public REST API reference
+(2010-04-01): a real HTTP server on 127.0.0.1 that speaks the Messages,
+IncomingPhoneNumbers and SMS/ShortCodes resources with HTTP basic auth,
+form-encoded requests and Twilio's JSON resources and error bodies."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import trio
+
+from tests.webhooks.receiver import Answer, Received, Receiver
+
+ACCOUNT_SID = "AC" + "0123456789abcdef" * 2
+AUTH_TOKEN = "double-auth-token"
+
+
+@dataclass
+class TwilioDouble:
+    """Messages it took (by sid), numbers and short codes the account owns, and
+    how many of the next sends to answer with 429 (``Retry-After: 1``)."""
+
+    owned_numbers: set[str] = field(default_factory=set)
+    owned_short_codes: set[str] = field(default_factory=set)
+    throttle_next: int = 0
+    messages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sends: list[tuple[float, dict[str, str]]] = field(default_factory=list)
+    receiver: Receiver | None = None
+
+    @property
+    def base(self) -> str:
+        assert self.receiver is not None
+        parts = urlsplit(self.receiver.url)
+        return f"{parts.scheme}://{parts.netloc}"
+
+    async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        self.receiver = Receiver(self.respond)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.receiver.serve)
+            task_status.started(self.base)
+
+    async def respond(self, request: Received) -> Answer:
+        expected = base64.b64encode(f"{ACCOUNT_SID}:{AUTH_TOKEN}".encode()).decode()
+        if request.headers.get("authorization") != f"Basic {expected}":
+            return self._error(401, 20003, "Authenticate")
+        parts = urlsplit(request.path)
+        prefix = f"/2010-04-01/Accounts/{ACCOUNT_SID}"
+        if not parts.path.startswith(prefix):
+            return self._error(404, 20404, "The requested resource was not found")
+        path = parts.path.removeprefix(prefix)
+        query = dict(parse_qsl(parts.query))
+        if request.method == "POST" and path == "/Messages.json":
+            return self._create(dict(parse_qsl(request.body.decode())))
+        if request.method == "GET" and path.startswith("/Messages/"):
+            sid = path.removeprefix("/Messages/").removesuffix(".json")
+            if sid not in self.messages:
+                return self._error(404, 20404, f"The requested resource {parts.path} was not found")
+            return self._json(200, self.messages[sid])
+        if request.method == "GET" and path == "/IncomingPhoneNumbers.json":
+            number = query.get("PhoneNumber", "")
+            owned = [{"sid": "PN" + secrets.token_hex(16), "phone_number": number,
+                      "capabilities": {"sms": True}}] if number in self.owned_numbers else []
+            return self._json(200, {"incoming_phone_numbers": owned, "page": 0, "page_size": 50})
+        if request.method == "GET" and path == "/SMS/ShortCodes.json":
+            code = query.get("ShortCode", "")
+            owned = [{"sid": "SC" + secrets.token_hex(16), "short_code": code}] if (
+                code in self.owned_short_codes) else []
+            return self._json(200, {"short_codes": owned, "page": 0, "page_size": 50})
+        return self._error(404, 20404, "The requested resource was not found")
+
+    def _create(self, form: dict[str, str]) -> Answer:
+        self.sends.append((trio.current_time(), form))
+        if self.throttle_next > 0:
+            self.throttle_next -= 1
+            status, body, _ = self._error(429, 20429, "Too Many Requests")
+            return status, body, {"Content-Type": "application/json", "Retry-After": "1"}
+        for name in ("To", "From", "Body"):
+            if not form.get(name):
+                return self._error(400, 21604 if name == "To" else 21603,
+                                   f"A '{name}' parameter is required.")
+        if form["To"].endswith("9999"):
+            return self._error(400, 21610, "Attempt to send to unsubscribed recipient")
+        sid = "SM" + secrets.token_hex(16)
+        message = {
+            "sid": sid, "account_sid": ACCOUNT_SID, "to": form["To"], "from": form["From"],
+            "body": form["Body"], "status": "queued", "num_segments": "1", "direction":
+            "outbound-api", "error_code": None, "error_message": None,
+            "api_version": "2010-04-01", "uri": f"/2010-04-01/Accounts/{ACCOUNT_SID}"
+            f"/Messages/{sid}.json",
+        }
+        self.messages[sid] = message
+        return self._json(201, message)
+
+    def _json(self, status: int, document: dict[str, Any]) -> Answer:
+        return status, json.dumps(document).encode(), {"Content-Type": "application/json"}
+
+    def _error(self, status: int, code: int, message: str) -> Answer:
+        return self._json(status, {
+            "code": code, "message": message, "status": status,
+            "more_info": f"https://www.twilio.com/docs/errors/{code}",
+        })

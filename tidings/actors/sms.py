@@ -1,0 +1,202 @@
+"""The SMS send worker: due messages handed to the SMS provider, statuses recorded.
+
+Two kinds of due work on the runtime (``tidings.actors.duework``), shaped as
+the email worker's:
+
+* ``sms-senders``: one actor per team with due messages (queued, scheduled
+  and now due, or retrying). It claims them with a lease, moves each to
+  ``processing``, hands it to the provider (``TIDINGS_SMS_CONCURRENCY`` in
+  flight), and records finished attempts in batches, each batch in one
+  transaction with its status moves and the statuses and replies the
+  provider announced for later (``sms_followups``). A provider that did
+  not take the message (HTTP 429, 5xx, unreachable) is tried again after
+  ``TIDINGS_SMS_RETRY_SCHEDULE`` (or its ``Retry-After``, if later); after
+  the last step the message is ``failed``. Accepting a message NOTIFYs its
+  team's actor.
+* ``sms-followups``: one actor per process (``tidings.actors.drain``) that
+  records followups as they fall due, many per transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
+from datetime import UTC, datetime, timedelta
+from uuid import UUID, uuid4
+
+from tidings.actors.drain import Drain
+from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
+from tidings.actors.runtime import Runtime
+from tidings.config import Config
+from tidings.providers.sms import OutgoingSms, Retry, SmsProvider, SmsResult
+from tidings.storage import sms_sending as store
+from tidings.storage.db import Database
+from tidings.storage.sms import DUE_CHANNEL, Report
+
+log = logging.getLogger("tidings.sms")
+
+IDLE_SECONDS = 30.0
+FOLLOWUPS = "followups"
+STATUS_CALLBACK_PATH = "/providers/twilio/status"
+
+
+class SmsSide:
+    """The SMS side of one process: its provider and its due work."""
+
+    def __init__(self, db: Database, config: Config, provider: SmsProvider) -> None:
+        self.db = db
+        self.config = config
+        self.provider = provider
+        # Leases this process writes carry this id.
+        self.owner = uuid4()
+        self.senders: Due[UUID] | None = None
+        self.followups: Due[str] | None = None
+        # Attempts by what they recorded: submitted, retrying, failed, ...
+        self.attempts: Counter[str] = Counter()
+
+    @property
+    def status_callback(self) -> str | None:
+        """Where the provider reports statuses, for providers that call back."""
+        if self.provider.name == "sandbox":
+            return None
+        return self.config.public_url + STATUS_CALLBACK_PATH
+
+    def retry_at(self, attempt: int, now: datetime, at_least: timedelta | None) -> datetime | None:
+        """When attempt ``attempt`` (from 1) is followed by another; None: it was the last."""
+        schedule = self.config.sms_retry_schedule
+        if attempt > len(schedule):
+            return None
+        wait = timedelta(seconds=schedule[attempt - 1] * random.uniform(1.0, 1.1))
+        if at_least is not None and at_least > wait:
+            wait = at_least
+        return now + wait
+
+    async def attempt(self, sms: store.Claimed, claimed_at: datetime) -> store.Attempted:
+        """Send ``sms`` once; what to record."""
+        name = self.provider.name
+        processing = [] if sms.status != "queued" else [
+            Report(sms.id, "processing", name, occurred_at=claimed_at)
+        ]
+        refusal = None
+        if sms.opted_out:
+            refusal = ("opted_out", "the recipient has opted out of messages from the team")
+        elif not sms.sender_ok:
+            refusal = ("sender_not_approved", f"{sms.from_sender!r} is not an approved sender ID")
+        if refusal is not None:
+            self.attempts["failed"] += 1
+            failed = Report(sms.id, "failed", name, *refusal)
+            return store.Attempted(sms, name, None, [*processing, failed])
+        outgoing = OutgoingSms(
+            message_id=sms.id, team_id=sms.team_id, to=sms.to_number, sender=sms.from_sender,
+            body=sms.body, status_callback=self.status_callback,
+        )
+        try:
+            result = await self.provider.send(outgoing)
+        except Exception as failure:  # a provider bug: retried, never a stuck message
+            log.exception("sending SMS %s failed unexpectedly", sms.id)
+            result = SmsResult(name, None, retry=Retry(
+                None, f"the provider failed: {type(failure).__name__}: {failure}"
+            ))
+        return self._finish(sms, result, processing)
+
+    def _finish(
+        self, sms: store.Claimed, result: SmsResult, reports: list[Report]
+    ) -> store.Attempted:
+        now = datetime.now(UTC)
+        if result.retry is not None:
+            retry_at = self.retry_at(sms.attempt_count + 1, now, result.retry.after)
+            if retry_at is not None:
+                log.info("SMS %s: retry at %s: %s", sms.id, retry_at, result.retry.message)
+                self.attempts["retrying"] += 1
+                return store.Attempted(sms, result.provider, retry_at, reports)
+            self.attempts["failed"] += 1
+            reports.append(Report(sms.id, "failed", result.provider, result.retry.code,
+                                  result.retry.message))
+            return store.Attempted(sms, result.provider, None, reports)
+        for update in result.now():
+            reports.append(Report(sms.id, update.status, result.provider, update.code,
+                                  update.message, message_id=result.provider_message_id))
+        followups = [
+            store.Followup(sms.id, "status", now + u.after, result.provider, u.status,
+                           code=u.code, message=u.message)
+            for u in result.later()
+        ] + [
+            store.Followup(sms.id, "inbound", now + i.after, result.provider, body=i.body)
+            for i in result.inbound
+        ]
+        self.attempts[reports[-1].status if reports else "sent"] += 1
+        return store.Attempted(sms, result.provider, None, reports, followups)
+
+
+class SendJob:
+    """What the actor of one team does with its leased messages. A send is
+    one HTTP request bounded by the provider's timeout, well within the
+    lease, so leases are not renewed."""
+
+    def __init__(self, team_id: UUID, side: SmsSide) -> None:
+        self._team_id = team_id
+        self._side = side
+        self._claimed_at: dict[UUID, datetime] = {}
+
+    def open(self) -> AbstractAsyncContextManager[object]:
+        return nullcontext()
+
+    async def claim(self, limit: int) -> Batch[store.Claimed]:
+        side = self._side
+        claimed, next_in = await side.db.run(
+            store.claim, self._team_id, side.owner, side.config.sms_lease_seconds, limit
+        )
+        now = datetime.now(UTC)
+        for item in claimed:
+            self._claimed_at[item.id] = now
+        return Batch(claimed, next_in)
+
+    async def perform(self, item: store.Claimed) -> store.Attempted:
+        return await self._side.attempt(item, self._claimed_at.pop(item.id, datetime.now(UTC)))
+
+    async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
+        side = self._side
+        attempted = [outcome for _item, outcome in done]
+        await side.db.run(store.record_attempts, side.owner, attempted)
+        if any(a.followups for a in attempted) and side.followups is not None:
+            side.followups.wake(FOLLOWUPS)
+
+    async def release(self, items: Sequence[store.Claimed]) -> None:
+        for item in items:
+            self._claimed_at.pop(item.id, None)
+        await self._side.db.run(store.release, [item.id for item in items], self._side.owner)
+
+
+def start_sms(runtime: Runtime, db: Database, config: Config, provider: SmsProvider) -> SmsSide:
+    """Register SMS sending with the runtime: one actor per team, and the followups."""
+    side = SmsSide(db, config, provider)
+
+    def sender(team_id: UUID) -> LeasedWorker[store.Claimed, store.Attempted]:
+        return LeasedWorker(
+            SendJob(team_id, side), concurrency=config.sms_concurrency, idle_seconds=IDLE_SECONDS
+        )
+
+    side.senders = runtime.due(
+        DueWork(
+            name="sms-senders",
+            channel=DUE_CHANNEL,
+            due=store.due_teams,
+            parse=UUID,
+            actor=sender,
+            poll_seconds=config.sms_poll_seconds,
+        )
+    )
+    side.followups = runtime.due(
+        DueWork(
+            name="sms-followups",
+            channel=f"{DUE_CHANNEL}_followups",
+            due=store.followups_due,
+            parse=str,
+            actor=lambda _key: Drain(db, store.record_due_followups, idle_seconds=IDLE_SECONDS),
+            poll_seconds=config.sms_poll_seconds,
+        )
+    )
+    return side

@@ -1,0 +1,99 @@
+"""Twilio's webhooks (CONTRACT §6): status callbacks and inbound replies.
+
+No bearer token: each request must carry a valid ``X-Twilio-Signature``
+(HMAC-SHA1 of ``TIDINGS_PUBLIC_URL`` + path + the sorted form parameters,
+keyed with ``TWILIO_AUTH_TOKEN``), else 403.
+
+* ``POST /providers/twilio/status``: ``MessageSid`` and ``MessageStatus``
+  (with ``ErrorCode``) move the message, forward only.
+* ``POST /providers/twilio/inbound``: a reply ``From`` a number ``To`` a
+  sender ID. STOP and its kin opt the number out for every team whose
+  approved sender ID it is, START and its kin opt it back in, HELP and
+  INFO are answered (TwiML) with ``TIDINGS_SMS_HELP_TEXT``.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+from xml.sax.saxutils import escape
+
+from quart import Response, request
+
+from tidings.fields import FieldError
+from tidings.http.envelope import ApiError, json_response, success_body
+from tidings.http.parsing import read_body
+from tidings.http.routing import Routes
+from tidings.phones import parse_phone
+from tidings.providers.twilio import NAME, tidings_status, valid_signature
+from tidings.service import Service
+from tidings.sms_keywords import help_text, keyword_action
+from tidings.storage import sender_ids, sms_consent
+from tidings.storage import sms as sms_store
+
+routes = Routes("Providers")
+
+TWIML = "text/xml; charset=utf-8"
+FORM = {"application/x-www-form-urlencoded": {"schema": {"type": "object"}}}
+
+
+async def signed_form(service: Service) -> dict[str, str]:
+    """The request's form parameters, once its Twilio signature is checked (403)."""
+    raw = await read_body(service.config.max_body_bytes)
+    params = parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True)
+    token = service.config.twilio_auth_token
+    url = service.config.public_url + request.path
+    if request.query_string:
+        url += "?" + request.query_string.decode("latin-1")
+    given = request.headers.get("X-Twilio-Signature", "")
+    if token is None or not given or not valid_signature(token, url, params, given):
+        raise ApiError(403, "FORBIDDEN", "X-Twilio-Signature is missing or does not match")
+    return dict(params)
+
+
+def twiml(message: str | None = None) -> Response:
+    inner = "" if message is None else f"<Message>{escape(message)}</Message>"
+    body = f'<?xml version="1.0" encoding="UTF-8"?><Response>{inner}</Response>'
+    return Response(body, status=200, content_type=TWIML)
+
+
+@routes.route(
+    "POST", "/providers/twilio/status", summary="Twilio status callback (X-Twilio-Signature)",
+    public=True, raw_body=FORM,
+)
+async def twilio_status(service: Service) -> Response:
+    form = await signed_form(service)
+    sid = form.get("MessageSid") or form.get("SmsSid") or ""
+    status = tidings_status(form.get("MessageStatus") or form.get("SmsStatus"))
+    recorded = 0
+    found = await service.db.run(sms_store.sms_by_provider_id, sid) if sid else None
+    if found is not None:
+        report = sms_store.Report(
+            found, status, NAME, form.get("ErrorCode") or None, form.get("ErrorMessage") or None
+        )
+        recorded = len(await service.db.run(sms_store.record_reports, [report]))
+    return json_response(200, success_body({"recorded": recorded}))
+
+
+@routes.route(
+    "POST", "/providers/twilio/inbound", summary="Twilio inbound message (X-Twilio-Signature)",
+    public=True, raw_body=FORM,
+)
+async def twilio_inbound(service: Service) -> Response:
+    form = await signed_form(service)
+    action = keyword_action(form.get("Body", ""))
+    try:
+        phone = parse_phone(form.get("From", "").strip(), "From", valid=False).e164
+    except FieldError:
+        return twiml()  # not a phone number (a short code, a channel address): nothing to do
+    if action is None:
+        return twiml()
+    teams = await service.db.run(sender_ids.teams_of_sender, form.get("To", "").strip())
+    if action == "opt_out":
+        await service.db.run(sms_consent.opt_out, teams, phone, None)
+    elif action == "opt_in":
+        await service.db.run(sms_consent.opt_in, teams, phone)
+    else:
+        names = await service.db.run(sms_consent.team_names, teams)
+        team = sorted(names.values())[0] if names else "Tidings"
+        return twiml(help_text(service.config.sms_help_text, team))
+    return twiml()

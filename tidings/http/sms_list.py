@@ -1,0 +1,78 @@
+"""GET /sms: the spec's behaviour 4, exactly.
+
+Only the team's messages; ``data`` is an array; ``limit`` 1 to 100 (default
+50, larger values capped at 100; 0, ``abc`` and ``2.5`` are 400);
+``offset`` at least 0; ``status`` one of the 11 statuses (another value is
+400); ``sender`` exact on ``from``; ``start_date`` and ``end_date``
+inclusive, RFC 3339 with an offset (400 without one, and when the end
+precedes the start); ``search`` case-insensitive and partial across
+recipient, sender, body and provider message id. Newest first.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, RootModel
+
+from tidings.http.envelope import bad_request
+from tidings.http.models import ListQuery
+from tidings.http.routing import Call, Routes
+from tidings.http.sms_models import SmsOut
+from tidings.providers.sms import SmsStatus
+from tidings.storage import sms_list as store
+
+routes = Routes("SMS")
+
+# "+02:00" arrives as " 02:00" when a client does not percent-encode the "+".
+_SPACED_OFFSET = re.compile(r"^(\S+T\S+) (\d{2}:?\d{2})$")
+
+
+def plus_offset(value: Any) -> Any:
+    """Read an unencoded ``+`` offset (decoded to a space) as the ``+`` it was."""
+    if isinstance(value, str):
+        return _SPACED_OFFSET.sub(r"\1+\2", value.strip())
+    return value
+
+
+Timestamp = Annotated[datetime, BeforeValidator(plus_offset)]
+
+
+class SmsQuery(ListQuery):
+    status: SmsStatus | None = Field(None, description="Exact, on the normalized status")
+    sender: str | None = Field(None, min_length=1, max_length=32, description="Exact, on `from`")
+    start_date: Timestamp | None = Field(
+        None, description="Created at or after (RFC 3339 with an offset)"
+    )
+    end_date: Timestamp | None = Field(
+        None, description="Created at or before (RFC 3339 with an offset)"
+    )
+    search: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="Case-insensitive, partial: recipient, sender, body or provider message id",
+    )
+
+
+class SmsArray(RootModel[list[SmsOut]]):
+    pass
+
+
+@routes.route(
+    "GET", "/sms", summary="List text messages, newest first", permission="sms:read",
+    query=SmsQuery, response=SmsArray,
+)
+async def list_sms(call: Call, query: SmsQuery) -> list[dict[str, Any]]:
+    for name in ("start_date", "end_date"):
+        value = getattr(query, name)
+        if value is not None and value.tzinfo is None:
+            raise bad_request(f"invalid query: {name}: must carry an offset (Z or +hh:mm)")
+    if query.start_date and query.end_date and query.end_date < query.start_date:
+        raise bad_request("invalid query: end_date: must not precede start_date")
+    where = store.SmsFilter(
+        status=query.status, sender=query.sender, start=query.start_date,
+        end=query.end_date, search=query.search,
+    )
+    found = await store.list_sms(call.conn, call.team_id, where, query.limit, query.offset)
+    return [SmsOut.of(sms).dump() for sms in found]

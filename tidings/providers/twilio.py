@@ -1,0 +1,195 @@
+"""Twilio's Messages API as an SMS provider (``TIDINGS_SMS_PROVIDER=twilio``).
+
+Written from Twilio's public API reference (REST API 2010-04-01):
+
+* send: ``POST /2010-04-01/Accounts/{AccountSid}/Messages.json``, form
+  fields ``To``, ``From``, ``Body``, ``StatusCallback``, HTTP basic auth
+  with the account SID and auth token; 201 with the message resource
+  (``sid``, ``status``, ``error_code``, ``error_message``). A 429 (too many
+  requests) or a 5xx, or no answer, is a retry (honouring ``Retry-After``);
+  another 4xx is the message ``rejected`` with Twilio's ``code`` and
+  ``message`` (21211 invalid number, 21610 unsubscribed recipient, ...).
+* sync: ``GET .../Messages/{Sid}.json``.
+* sender review: a long code is approved when the account owns it
+  (``GET .../IncomingPhoneNumbers.json?PhoneNumber=``), a short code
+  likewise (``GET .../SMS/ShortCodes.json?ShortCode=``); alphanumeric IDs
+  at once (the carrier decides per country when sending).
+* webhooks: ``X-Twilio-Signature`` is base64 HMAC-SHA1, keyed with the auth
+  token, of the full URL followed by every POST parameter's name and value,
+  sorted by name (:func:`signature`).
+
+Twilio's statuses map onto Tidings' (:data:`STATUSES`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+
+from tidings.config import Config
+from tidings.providers.sms import (
+    NOW,
+    OutgoingSms,
+    Retry,
+    SenderIdDecision,
+    SenderIdType,
+    SmsProvider,
+    SmsResult,
+    SmsStatus,
+    SmsUpdate,
+)
+
+NAME = "twilio"
+API_VERSION = "2010-04-01"
+TIMEOUT_SECONDS = 15.0
+
+# Twilio's message statuses -> Tidings'. Twilio has taken a message once it is
+# accepted, scheduled, queued or sending; ``sent`` means a carrier took it.
+STATUSES: dict[str, SmsStatus] = {
+    "accepted": "submitted",
+    "scheduled": "submitted",
+    "queued": "submitted",
+    "sending": "submitted",
+    "sent": "sent",
+    "delivered": "delivered",
+    "read": "delivered",
+    "undelivered": "undelivered",
+    "failed": "failed",
+    "canceled": "canceled",
+}
+
+
+class TwilioUnavailable(Exception):
+    """Twilio did not answer a question (sync, review) usefully: try later."""
+
+
+def tidings_status(twilio_status: str | None) -> SmsStatus:
+    return STATUSES.get((twilio_status or "").strip().lower(), "unknown")
+
+
+def signature(auth_token: str, url: str, params: Iterable[tuple[str, str]]) -> str:
+    """The ``X-Twilio-Signature`` of a request to ``url`` with these POST parameters."""
+    payload = url + "".join(name + value for name, value in sorted(params))
+    digest = hmac.new(auth_token.encode(), payload.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode()
+
+
+def valid_signature(
+    auth_token: str, url: str, params: Iterable[tuple[str, str]], given: str
+) -> bool:
+    return hmac.compare_digest(signature(auth_token, url, params), given.strip())
+
+
+def retry_after(response: httpx.Response) -> timedelta | None:
+    """``Retry-After`` in seconds or as an HTTP date; None when absent or unreadable."""
+    raw = response.headers.get("Retry-After", "").strip()
+    if not raw:
+        return None
+    if raw.isdigit():
+        return timedelta(seconds=int(raw))
+    try:
+        moment = parsedate_to_datetime(raw)
+        date = parsedate_to_datetime(response.headers.get("Date", raw))
+    except (TypeError, ValueError):
+        return None
+    return max(moment - date, timedelta(0))
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        found = response.json()
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+class TwilioSms:
+    """Sends through one account over one pooled HTTP client."""
+
+    name = NAME
+    approves_sender_ids_instantly = False
+
+    def __init__(self, client: httpx.AsyncClient, api_url: str, account_sid: str) -> None:
+        self._client = client
+        self._account = f"{api_url}/{API_VERSION}/Accounts/{account_sid}"
+
+    async def send(self, sms: OutgoingSms) -> SmsResult:
+        form = {"To": sms.to, "From": sms.sender, "Body": sms.body}
+        if sms.status_callback:
+            form["StatusCallback"] = sms.status_callback
+        try:
+            response = await self._client.post(f"{self._account}/Messages.json", data=form)
+        except httpx.HTTPError as error:
+            return SmsResult(NAME, None, retry=Retry(None, f"Twilio unreachable: {error!r}"))
+        body = _json(response)
+        if response.status_code == 429 or response.status_code >= 500:
+            message = body.get("message") or f"Twilio answered {response.status_code}"
+            return SmsResult(NAME, None, retry=Retry(
+                _text(body.get("code")) or str(response.status_code), str(message),
+                retry_after(response),
+            ))
+        if response.status_code >= 400 or not body.get("sid"):
+            update = SmsUpdate(
+                "rejected", NOW, _text(body.get("code")) or str(response.status_code),
+                _text(body.get("message")) or f"Twilio answered {response.status_code}",
+            )
+            return SmsResult(NAME, None, updates=(update,))
+        return SmsResult(NAME, str(body["sid"]), updates=(self._update(body),))
+
+    def _update(self, message: dict[str, Any]) -> SmsUpdate:
+        return SmsUpdate(
+            tidings_status(_text(message.get("status"))), NOW,
+            _text(message.get("error_code")), _text(message.get("error_message")),
+        )
+
+    async def fetch(self, provider_message_id: str) -> SmsUpdate | None:
+        found = await self._get(f"/Messages/{provider_message_id}.json", {})
+        return None if found is None else self._update(found)
+
+    async def review_sender_id(self, value: str, type: SenderIdType) -> SenderIdDecision:
+        if type == "alphanumeric":
+            return "approved"
+        if type == "long_code":
+            path, query, key = "/IncomingPhoneNumbers.json", {"PhoneNumber": value}, (
+                "incoming_phone_numbers"
+            )
+        else:
+            path, query, key = "/SMS/ShortCodes.json", {"ShortCode": value}, "short_codes"
+        try:
+            found = await self._get(path, query)
+        except TwilioUnavailable:
+            return "pending"  # not decided: it cannot send until it is approved
+        owned = [] if found is None else found.get(key) or []
+        return "approved" if owned else "rejected"
+
+    async def _get(self, path: str, query: dict[str, str]) -> dict[str, Any] | None:
+        try:
+            response = await self._client.get(self._account + path, params=query)
+        except httpx.HTTPError as error:
+            raise TwilioUnavailable(f"Twilio unreachable: {error!r}") from None
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise TwilioUnavailable(f"Twilio answered {response.status_code}")
+        return _json(response)
+
+
+@asynccontextmanager
+async def open_provider(config: Config) -> AsyncIterator[SmsProvider]:
+    assert config.twilio_account_sid and config.twilio_auth_token  # checked at start
+    async with httpx.AsyncClient(
+        auth=(config.twilio_account_sid, config.twilio_auth_token), timeout=TIMEOUT_SECONDS
+    ) as client:
+        yield TwilioSms(client, config.twilio_api_url, config.twilio_account_sid)

@@ -1,0 +1,90 @@
+"""Sender IDs of a team: who its text messages may say they are from.
+
+A value is unique per team. Only an ``approved`` sender ID sends
+(``tidings.storage.sms`` checks it when a message is accepted and again
+when it is sent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from tidings.providers.sms import SenderIdDecision, SenderIdType
+from tidings.storage.connection import Connection, Row, returned
+from tidings.storage.errors import unique
+
+COLUMNS = "id, team_id, value, type, status, countries, created_at, updated_at"
+
+INSERT = f"""
+INSERT INTO sender_ids (team_id, value, type, status, countries)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING {COLUMNS}
+"""
+
+SELECT_ONE = f"SELECT {COLUMNS} FROM sender_ids WHERE team_id = $1 AND id = $2"
+
+SELECT_PAGE = f"""
+SELECT {COLUMNS} FROM sender_ids
+WHERE team_id = $1 AND ($2::text IS NULL OR status = $2)
+ORDER BY created_at DESC, id DESC
+LIMIT $3 OFFSET $4
+"""
+
+DELETE = "DELETE FROM sender_ids WHERE team_id = $1 AND id = $2 RETURNING id"
+
+# The teams that own an approved sender ID of this value (an inbound reply
+# names the number it was sent to).
+TEAMS_OF_VALUE = "SELECT team_id FROM sender_ids WHERE value = $1 AND status = 'approved'"
+
+
+@dataclass(frozen=True)
+class SenderId:
+    id: UUID
+    team_id: UUID
+    value: str
+    type: SenderIdType
+    status: SenderIdDecision
+    countries: list[str]
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Row) -> SenderId:
+        return cls(**{name: row[name] for name in COLUMNS.split(", ")})
+
+
+async def create_sender_id(
+    conn: Connection,
+    team_id: UUID,
+    value: str,
+    type: SenderIdType,
+    status: SenderIdDecision,
+    countries: list[str],
+) -> SenderId:
+    """Store a sender ID. Raises Duplicate when the team has this value already."""
+    with unique("value", f"{value!r} is a sender ID of the team already"):
+        row = await conn.fetchrow(INSERT, team_id, value, type, status, countries)
+    return SenderId.from_row(returned(row))
+
+
+async def get_sender_id(conn: Connection, team_id: UUID, sender_id: UUID) -> SenderId | None:
+    row = await conn.fetchrow(SELECT_ONE, team_id, sender_id)
+    return None if row is None else SenderId.from_row(row)
+
+
+async def list_sender_ids(
+    conn: Connection, team_id: UUID, status: str | None, limit: int, offset: int
+) -> list[SenderId]:
+    """Newest first."""
+    rows = await conn.fetch(SELECT_PAGE, team_id, status, limit, offset)
+    return [SenderId.from_row(row) for row in rows]
+
+
+async def delete_sender_id(conn: Connection, team_id: UUID, sender_id: UUID) -> bool:
+    return await conn.fetchval(DELETE, team_id, sender_id) is not None
+
+
+async def teams_of_sender(conn: Connection, value: str) -> list[UUID]:
+    return [row["team_id"] for row in await conn.fetch(TEAMS_OF_VALUE, value)]

@@ -1,0 +1,79 @@
+"""SMS consent of a phone number, one model for every channel that asks.
+
+Opting out (a STOP reply) suppresses the number for the team, as a phone
+suppression with reason ``sms_opt_out`` (so that it holds even when no
+contact has the number yet), and marks every contact of the team with that
+number ``opted_out`` with source ``keyword``. Opting back in (START) lifts
+that suppression (and only that one: a manual suppression stays) and marks
+the contacts ``opted_in``. Sending to an opted-out number is refused
+(``tidings.storage.sms``). Each runs as one statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+from tidings.storage.connection import Connection, returned
+
+SOURCE = "keyword"
+
+OPT_OUT = """
+WITH suppressed AS (
+    INSERT INTO suppressions (team_id, address, kind, reason, source_message_id)
+    SELECT team_id, $2, 'phone', 'sms_opt_out', $3 FROM unnest($1::uuid[]) AS t(team_id)
+    ON CONFLICT (team_id, address) DO NOTHING
+    RETURNING id
+), changed AS (
+    UPDATE contacts SET sms_consent_status = 'opted_out', sms_consent_source = $4,
+                        sms_consent_updated_at = now(), updated_at = now()
+    WHERE team_id = ANY($1::uuid[]) AND normalized_phone = $2
+      AND sms_consent_status <> 'opted_out'
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM suppressed) AS suppressions, (SELECT count(*) FROM changed) AS contacts
+"""
+
+OPT_IN = """
+WITH lifted AS (
+    DELETE FROM suppressions
+    WHERE team_id = ANY($1::uuid[]) AND address = $2 AND reason = 'sms_opt_out'
+    RETURNING id
+), changed AS (
+    UPDATE contacts SET sms_consent_status = 'opted_in', sms_consent_source = $3,
+                        sms_consent_updated_at = now(), updated_at = now()
+    WHERE team_id = ANY($1::uuid[]) AND normalized_phone = $2
+      AND sms_consent_status <> 'opted_in'
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM lifted) AS suppressions, (SELECT count(*) FROM changed) AS contacts
+"""
+
+TEAM_NAMES = "SELECT id, name FROM teams WHERE id = ANY($1::uuid[])"
+
+
+@dataclass(frozen=True)
+class ConsentChange:
+    """What an opt-out or opt-in changed: suppressions added or lifted, contacts marked."""
+
+    suppressions: int
+    contacts: int
+
+
+async def opt_out(
+    conn: Connection, team_ids: Sequence[UUID], phone: str, source_message_id: UUID | None
+) -> ConsentChange:
+    """The teams must not text ``phone`` (E.164) any more."""
+    row = returned(await conn.fetchrow(OPT_OUT, list(team_ids), phone, source_message_id, SOURCE))
+    return ConsentChange(row["suppressions"], row["contacts"])
+
+
+async def opt_in(conn: Connection, team_ids: Sequence[UUID], phone: str) -> ConsentChange:
+    """``phone`` asked the teams to text it again."""
+    row = returned(await conn.fetchrow(OPT_IN, list(team_ids), phone, SOURCE))
+    return ConsentChange(row["suppressions"], row["contacts"])
+
+
+async def team_names(conn: Connection, team_ids: Sequence[UUID]) -> dict[UUID, str]:
+    return {row["id"]: row["name"] for row in await conn.fetch(TEAM_NAMES, list(team_ids))}
