@@ -30,6 +30,7 @@ from tidings.http.paging import MAX_LIMIT, QueryInt
 from tidings.http.routing import Call, Routes
 from tidings.rendering import RenderError, render
 from tidings.storage import emails as store
+from tidings.storage import emails_manage as manage
 from tidings.storage import templates as template_store
 from tidings.storage.db import AsyncioConnection, run_on
 
@@ -80,7 +81,7 @@ class EmailOut(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def of(cls, email: store.Email) -> EmailOut:
+    def of(cls, email: manage.Email) -> EmailOut:
         return cls(
             id=email.id, from_=email.from_address, to=email.to_addresses, cc=email.cc,
             bcc=email.bcc, reply_to=email.reply_to, subject=email.subject, html=email.html,
@@ -272,10 +273,10 @@ async def list_emails(call: Call, query: EmailQuery) -> dict[str, Any]:
         raise bad_request("invalid query: end_date: must carry a time zone (e.g. Z)")
     if query.start_date and query.end_date and query.end_date < query.start_date:
         raise bad_request("invalid query: end_date: must not precede start_date")
-    where = store.EmailFilter(
+    where = manage.EmailFilter(
         status=query.status, to=query.to, start=query.start_date, end=query.end_date
     )
-    found = await store.list_emails(call.conn, call.team_id, where, query.limit + 1, query.offset)
+    found = await manage.list_emails(call.conn, call.team_id, where, query.limit + 1, query.offset)
     return {
         "object": "list",
         "data": [EmailOut.of(email).dump() for email in found[: query.limit]],
@@ -288,7 +289,7 @@ async def list_emails(call: Call, query: EmailQuery) -> dict[str, Any]:
     response=EmailOut,
 )
 async def get_email(call: Call, email_id: UUID) -> dict[str, Any]:
-    email = await store.get_email(call.conn, call.team_id, email_id)
+    email = await manage.get_email(call.conn, call.team_id, email_id)
     if email is None:
         raise not_found("email")
     return EmailOut.of(email).dump()
@@ -307,8 +308,8 @@ async def reschedule_email(call: Call, email_id: UUID, body: Reschedule) -> dict
         raise unprocessable(error.message) from None
     assert when is not None
     try:
-        email = await store.reschedule(call.conn, call.team_id, email_id, when)
-    except store.NotScheduled as state:
+        email = await manage.reschedule(call.conn, call.team_id, email_id, when)
+    except manage.NotScheduled as state:
         raise conflict(
             f"the email is {state.status}: only a scheduled email can be rescheduled"
         ) from None
@@ -324,7 +325,7 @@ async def reschedule_email(call: Call, email_id: UUID, body: Reschedule) -> dict
 async def cancel_email(call: Call, email_id: UUID) -> dict[str, Any]:
     try:
         email = await run_on(call.conn, _cancel, call.team_id, email_id)
-    except store.NotScheduled as state:
+    except manage.NotScheduled as state:
         raise conflict(
             f"the email is {state.status}: only a scheduled email can be canceled"
         ) from None
@@ -335,9 +336,9 @@ async def cancel_email(call: Call, email_id: UUID) -> dict[str, Any]:
 
 async def _cancel(
     conn: AsyncioConnection, team_id: UUID, email_id: UUID
-) -> store.Email | None:
+) -> manage.Email | None:
     async with conn.transaction():
-        return await store.cancel(conn, team_id, email_id)
+        return await manage.cancel(conn, team_id, email_id)
 
 
 @routes.route(
@@ -346,7 +347,7 @@ async def _cancel(
 )
 async def list_email_events(call: Call, email_id: UUID, query: EventQuery) -> dict[str, Any]:
     limit = min(query.limit, MAX_LIMIT)
-    found = await store.list_email_events(call.conn, call.team_id, email_id, limit, query.offset)
+    found = await manage.list_email_events(call.conn, call.team_id, email_id, limit, query.offset)
     if found is None:
         raise not_found("email")
     return {"object": "list", "data": [EmailEventOut.model_validate(e) for e in found]}
