@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from bench import api, importing, overload, render, webhooks
+from bench import api, email, importing, overload, render, smtp, webhooks
 from bench.harness import HarnessError, log
 
 
@@ -27,9 +27,11 @@ class Benchmark(Protocol):
 
 BENCHMARKS: dict[str, Benchmark] = {
     "api": api,
+    "email": email,
     "import": importing,
     "overload": overload,
     "render": render,
+    "smtp": smtp,
     "webhooks": webhooks,
 }
 

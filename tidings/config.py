@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from tidings.email.names import domain_name
+
 EMAIL_PROVIDERS = ("sandbox", "smtp")
 SMS_PROVIDERS = ("sandbox", "twilio")
 StartTls = Literal["require", "auto", "off"]
@@ -70,6 +72,19 @@ def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> 
     if not values or any(v < 0 for v in values):
         raise SettingError(f"{name} must list one or more non-negative seconds")
     return values
+
+
+def _host(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    host = raw.strip().lower().removesuffix(".")
+    if host != "localhost":
+        try:
+            host = domain_name(host)
+        except ValueError as error:
+            raise SettingError(f"{name} must be a host name, not {raw!r}: {error}") from None
+    return host
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
@@ -260,9 +275,17 @@ class Config:
     idempotency_retention_seconds: int = 86400
     idempotency_lock_seconds: int = 30
     idempotency_shards: int = 16
+    # How often the retention sweeper deletes expired idempotency records.
     idempotency_sweep_seconds: float = 60.0
     # Seals stored responses that carry secrets (tidings/sealing.py).
     secret_key: bytes | None = field(default=None, repr=False)
+
+    # Retention: events (with their deliveries) and finished deliveries (with
+    # their attempts) older than this are deleted, in batches, every sweep.
+    event_retention_seconds: int = 30 * 86400
+    webhook_delivery_retention_seconds: int = 30 * 86400
+    retention_sweep_seconds: float = 300.0
+    retention_batch_size: int = 1000
 
     webhook_auto_disable_after: int = 20
     webhook_retry_schedule: tuple[float, ...] = (0, 5, 300, 1800, 7200, 18000, 36000, 36000)
@@ -284,6 +307,24 @@ class Config:
     # Unsubscribe links and provider callbacks are built on it.
     public_url: str = "http://127.0.0.1:8080"
     quotas: QuotaDefaults = QuotaDefaults()
+
+    # The host that sends and takes delivery reports: the SPF and return-path records name it.
+    mail_host: str = "localhost"
+    # How often a verified domain's records are looked up again.
+    domain_recheck_seconds: float = 3600.0
+    # SMTP connections to TIDINGS_SMTP_URL kept open and used at once, per process.
+    smtp_connections: int = 8
+    # The bearer secret of POST /providers/smtp/reports; None turns the route off.
+    reports_secret: str | None = field(default=None, repr=False)
+
+    # Seconds between the attempts of an email whose recipients were deferred.
+    email_retry_schedule: tuple[float, ...] = (30, 120, 600, 1800, 3600, 7200)
+    # Sends in flight at once per team, per process.
+    email_concurrency: int = 64
+    # How long a claimed email is this process's before another may take it.
+    email_lease_seconds: float = 60.0
+    # How often each process looks for due emails it was not told about.
+    email_poll_seconds: float = 1.0
 
     shutdown_grace_seconds: float = 5.0
     log_level: str = "INFO"
@@ -308,6 +349,16 @@ class Config:
             ),
             idempotency_lock_seconds=_int(env, "IDEMPOTENCY_LOCK_SECONDS", 30, minimum=1),
             secret_key=_secret_key(env, "TIDINGS_SECRET_KEY"),
+            event_retention_seconds=_int(
+                env, "TIDINGS_EVENT_RETENTION_SECONDS", 30 * 86400, minimum=1
+            ),
+            webhook_delivery_retention_seconds=_int(
+                env, "TIDINGS_WEBHOOK_DELIVERY_RETENTION_SECONDS", 30 * 86400, minimum=1
+            ),
+            retention_sweep_seconds=_float(
+                env, "TIDINGS_RETENTION_SWEEP_SECONDS", 300.0, minimum=1
+            ),
+            retention_batch_size=_int(env, "TIDINGS_RETENTION_BATCH_SIZE", 1000, minimum=1),
             webhook_auto_disable_after=_int(
                 env, "WEBHOOK_DELIVERY_AUTO_DISABLE_AFTER", 20, minimum=1
             ),
@@ -327,6 +378,18 @@ class Config:
             twilio_api_url=_http_url(env, "TIDINGS_TWILIO_API_URL", "https://api.twilio.com"),
             public_url=_http_url(env, "TIDINGS_PUBLIC_URL", "http://127.0.0.1:8080"),
             quotas=QuotaDefaults.from_env(env),
+            mail_host=_host(env, "TIDINGS_MAIL_HOST", "localhost"),
+            domain_recheck_seconds=_float(
+                env, "TIDINGS_DOMAIN_RECHECK_SECONDS", 3600.0, minimum=1
+            ),
+            email_retry_schedule=_schedule(
+                env, "TIDINGS_EMAIL_RETRY_SCHEDULE", (30, 120, 600, 1800, 3600, 7200)
+            ),
+            email_concurrency=_int(env, "TIDINGS_EMAIL_CONCURRENCY", 64, minimum=1),
+            email_lease_seconds=_float(env, "TIDINGS_EMAIL_LEASE_SECONDS", 60.0, minimum=1),
+            email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
+            smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
+            reports_secret=(env.get("TIDINGS_REPORTS_SECRET") or "").strip() or None,
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
         ))
 

@@ -14,13 +14,18 @@ from dataclasses import dataclass
 
 import trio
 
+from tidings.actors.emails import Emails, start_emails
 from tidings.actors.idempotency import IdempotencyKeys, start_idempotency
+from tidings.actors.retention import start_retention
 from tidings.actors.revocations import RevocationListener
 from tidings.actors.runtime import Runtime, open_runtime
 from tidings.actors.webhooks import Webhooks, start_webhooks
 from tidings.auth import TokenCache
 from tidings.config import Config
+from tidings.email.verification import recheck_domains
 from tidings.metrics import Metrics
+from tidings.providers.email import EmailProvider
+from tidings.providers.select import open_email_provider
 from tidings.storage.db import Database, open_database
 from tidings.webhooks.safety import Guard, Resolver, system_resolve
 
@@ -36,6 +41,7 @@ class Service:
     metrics: Metrics
     webhooks: Webhooks
     runtime: Runtime
+    emails: Emails
 
 
 @dataclass(frozen=True)
@@ -45,9 +51,16 @@ class Actors:
     tokens: TokenCache
     idempotency: IdempotencyKeys
     webhooks: Webhooks
+    emails: Emails
 
 
-def start_actors(runtime: Runtime, db: Database, config: Config, resolve: Resolver) -> Actors:
+def start_actors(
+    runtime: Runtime,
+    db: Database,
+    config: Config,
+    resolve: Resolver,
+    email_provider: EmailProvider,
+) -> Actors:
     """Every group's actors and due work, registered with the runtime.
 
     Singletons (a listener, a sweeper) start here; keyed actors start when
@@ -59,7 +72,10 @@ def start_actors(runtime: Runtime, db: Database, config: Config, resolve: Resolv
     idempotency = start_idempotency(runtime, db, config)
     guard = Guard(allow_private=config.webhook_allow_private_urls, resolve=resolve)
     webhooks = start_webhooks(runtime, db, config, guard)
-    return Actors(tokens=tokens, idempotency=idempotency, webhooks=webhooks)
+    emails = start_emails(runtime, db, config, email_provider)
+    runtime.singleton("domain-recheck", lambda: recheck_domains(db, config))
+    runtime.singleton("retention", start_retention(db, config))
+    return Actors(tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails)
 
 
 @asynccontextmanager
@@ -72,10 +88,10 @@ async def open_service(
     ``config.shutdown_grace_seconds``; after that it is cancelled.
     ``resolve`` is how webhook target names are looked up.
     """
-    async with open_database(config) as db:
+    async with open_database(config) as db, open_email_provider(config) as email_provider:
         with trio.CancelScope() as stopping:
             async with open_runtime(db) as runtime:
-                actors = start_actors(runtime, db, config, resolve)
+                actors = start_actors(runtime, db, config, resolve, email_provider)
                 webhooks = actors.webhooks
                 try:
                     yield Service(
@@ -88,6 +104,7 @@ async def open_service(
                         ),
                         webhooks=webhooks,
                         runtime=runtime,
+                        emails=actors.emails,
                     )
                 finally:
                     stopping.deadline = trio.current_time() + config.shutdown_grace_seconds

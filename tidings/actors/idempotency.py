@@ -14,8 +14,6 @@ import logging
 from dataclasses import dataclass
 from uuid import UUID
 
-import trio
-
 from tidings.actors.mailbox import Reply
 from tidings.actors.runtime import Runtime
 from tidings.actors.supervisor import Actor, Supervisor
@@ -149,22 +147,6 @@ class IdempotencyKeys:
         return self._shards
 
 
-class IdempotencySweeper:
-    """Deletes records past their retention, every ``interval`` seconds."""
-
-    def __init__(self, db: Database, interval: float) -> None:
-        self._db = db
-        self._interval = interval
-
-    async def run(self) -> None:
-        while True:
-            async with self._db.acquire() as conn:
-                removed = await records.sweep(conn)
-            if removed:
-                log.info("removed %d expired idempotency records", removed)
-            await trio.sleep(self._interval)
-
-
 def start_idempotency(runtime: Runtime, db: Database, config: Config) -> IdempotencyKeys:
     """Register the shards with the runtime."""
 
@@ -174,8 +156,6 @@ def start_idempotency(runtime: Runtime, db: Database, config: Config) -> Idempot
         return IdempotencyShard(db, config, sealer)
 
     shards: Supervisor[int, Begin] = runtime.keyed("idempotency", shard, mailbox_size=256)
-    sweeper = IdempotencySweeper(db, config.idempotency_sweep_seconds)
-    runtime.singleton("idempotency-sweeper", sweeper.run)
     return IdempotencyKeys(shards, config.idempotency_shards, sealer)
 
 

@@ -19,6 +19,9 @@ from tidings.http import (
     contact_import,
     contact_properties,
     contacts,
+    domains,
+    email_reports,
+    emails,
     envelope,
     events,
     openapi,
@@ -52,8 +55,11 @@ GROUPS: tuple[Routes, ...] = (
     segments.routes,
     suppressions.routes,
     templates.routes,
+    emails.routes,
     webhooks.routes,
     events.routes,
+    domains.routes,
+    email_reports.routes,
 )
 
 HTTP_CODES = {

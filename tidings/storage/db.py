@@ -307,3 +307,14 @@ async def open_database(config: Config, *, run_migrations: bool = True) -> Async
                 if applied:
                     log.info("applied migrations: %s", ", ".join(applied))
             yield Database(pool, url)
+
+
+async def run_on(conn: Any, unit: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``unit(conn, *args)`` on a connection the caller holds, in one crossing.
+
+    ``Database.run`` for a connection already taken (a request's, inside its
+    transaction when it has one): the unit's queries run whole on the asyncio
+    side, on the asyncpg connection behind the triopg proxy.
+    """
+    raw = getattr(conn, "_asyncpg_conn", conn)
+    return await trio_asyncio.aio_as_trio(unit)(raw, *args)  # type: ignore[no-any-return]

@@ -9,6 +9,7 @@ commits. A change rolled back leaves neither event nor delivery behind.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -39,6 +40,40 @@ WITH event AS (
 SELECT event.*,
        (SELECT count(pg_notify('{DUE_CHANNEL}', endpoint_id::text)) FROM fanout) AS deliveries
 FROM event
+"""
+
+# Deliveries of the events in a CTE named ``event`` (id, team_id, type): one
+# for each enabled endpoint of the event's team subscribed to its type, and a
+# NOTIFY per endpoint that got any (sent when the transaction commits).
+# Statements that record events set-based end with it; it defines the CTE
+# ``woken`` (one row: how many endpoints were notified), which their final
+# SELECT must read.
+FANOUT = f"""
+fanout AS (
+    INSERT INTO webhook_deliveries (team_id, endpoint_id, event_id, event_type, next_attempt_at)
+    SELECT event.team_id, endpoint.id, event.id, event.type, now()
+    FROM event JOIN webhook_endpoints endpoint ON endpoint.team_id = event.team_id
+    WHERE endpoint.status = 'enabled'
+      AND (endpoint.events @> ARRAY[event.type] OR endpoint.events @> ARRAY['{ALL_EVENTS}'])
+    RETURNING endpoint_id
+), woken AS (
+    SELECT count(pg_notify('{DUE_CHANNEL}', endpoint_id::text)) AS woken
+    FROM (SELECT DISTINCT endpoint_id FROM fanout) endpoints
+)
+"""
+
+# Many events at once, with ids chosen by the caller (so that rows of its own
+# can share them).
+RECORD_EVENTS = f"""
+WITH event AS (
+    INSERT INTO events (id, team_id, type, channel, message_id, recipient, occurred_at, data)
+    SELECT id, team_id, type, channel, message_id, recipient, coalesce(occurred_at, now()), data
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::uuid[], $6::text[],
+                $7::timestamptz[], $8::jsonb[])
+         AS i(id, team_id, type, channel, message_id, recipient, occurred_at, data)
+    RETURNING id, team_id, type
+), {FANOUT}
+SELECT woken FROM woken
 """
 
 SELECT_EVENT = f"SELECT {EVENT_COLUMNS} FROM events WHERE team_id = $1 AND id = $2"
@@ -95,6 +130,46 @@ async def record_event(
         only_endpoint,
     )
     return Event.from_row(row), row["deliveries"]
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to record with ``record_events``; ``id`` is chosen by the caller."""
+
+    id: UUID
+    team_id: UUID
+    type: str
+    channel: str | None = None
+    message_id: UUID | None = None
+    recipient: str | None = None
+    occurred_at: datetime | None = None
+    data: dict[str, Any] | None = None
+
+
+async def record_events(conn: Any, events: Sequence[NewEvent]) -> int:
+    """Record many events and their deliveries in one statement; returns how
+    many endpoints were woken.
+
+    The set-based form of ``record_event``, for work that changes many
+    messages at once: same transaction rule, same catalogue check.
+    """
+    if not events:
+        return 0
+    for event in events:
+        if event.type not in EVENT_TYPES:
+            raise ValueError(f"{event.type!r} is not an event type of the catalogue")
+    woken: int = await conn.fetchval(
+        RECORD_EVENTS,
+        [e.id for e in events],
+        [e.team_id for e in events],
+        [e.type for e in events],
+        [e.channel for e in events],
+        [e.message_id for e in events],
+        [e.recipient for e in events],
+        [e.occurred_at for e in events],
+        [json.dumps(e.data or {}) for e in events],
+    )
+    return woken
 
 
 async def get_event(conn: Any, team_id: UUID, event_id: UUID) -> Event | None:

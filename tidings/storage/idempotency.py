@@ -53,10 +53,6 @@ DELETE FROM idempotency_keys
 WHERE scope = $1 AND key = $2 AND status = 'processing' AND locked_until <= now()
 """
 
-SWEEP = """
-DELETE FROM idempotency_keys
-WHERE ctid IN (SELECT ctid FROM idempotency_keys WHERE expires_at <= now() LIMIT $1)
-"""
 
 
 # The prefixes of the secrets Tidings shows (tokens, webhook signing secrets):
@@ -138,14 +134,3 @@ async def release(conn: Connection, scope: UUID, key: str, claim: UUID) -> None:
 
 async def drop_expired_lock(conn: Connection, scope: UUID, key: str) -> None:
     await conn.execute(DROP_EXPIRED_LOCK, scope, key)
-
-
-async def sweep(conn: Connection, batch: int = 5000) -> int:
-    """Delete records past their retention, ``batch`` at a time; return how many."""
-    total = 0
-    while True:
-        result: str = await conn.execute(SWEEP, batch)
-        deleted = int(result.split()[-1])
-        total += deleted
-        if deleted < batch:
-            return total

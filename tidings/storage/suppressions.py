@@ -41,6 +41,15 @@ LIMIT $4 OFFSET $5
 
 DELETE_SUPPRESSION = "DELETE FROM suppressions WHERE team_id = $1 AND id = $2 RETURNING id"
 
+# Many addresses of many teams at once; an address suppressed already stays as it was.
+SUPPRESS_MANY = """
+INSERT INTO suppressions (team_id, address, kind, reason, source_message_id)
+SELECT team_id, lower(address), 'email', reason, message_id
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[])
+     AS i(team_id, address, reason, message_id)
+ON CONFLICT (team_id, address) DO NOTHING
+"""
+
 SUPPRESSED = "SELECT address FROM suppressions WHERE team_id = $1 AND address = ANY($2::text[])"
 
 
@@ -115,3 +124,19 @@ async def suppressed(conn: Connection, team_id: UUID, addresses: Iterable[str]) 
         return set()
     rows = await conn.fetch(SUPPRESSED, team_id, list(given))
     return {original for row in rows for original in given[row["address"]]}
+
+
+async def suppress_emails(
+    conn: Connection, entries: Iterable[tuple[UUID, str, Reason, UUID | None]]
+) -> None:
+    """Suppress email addresses, each ``(team_id, address, reason, source_message_id)``,
+    in one statement; addresses a team suppresses already are left as they are."""
+    rows = list(entries)
+    if rows:
+        await conn.execute(
+            SUPPRESS_MANY,
+            [row[0] for row in rows],
+            [row[1] for row in rows],
+            [row[2] for row in rows],
+            [row[3] for row in rows],
+        )

@@ -1,0 +1,60 @@
+"""GET /emails/{id}/events: the event fields and the spec's paging rules."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import assert_error
+from tests.email.helpers import events, later, ok, send
+
+
+@pytest.fixture
+def client(client: httpx.AsyncClient, acme_domain: str) -> httpx.AsyncClient:
+    """Team acme's client, once acme.example is its verified sending domain."""
+    return client
+
+
+async def many_events(client: httpx.AsyncClient, count: int) -> str:
+    """An email with ``count`` events: suppressed recipients, then scheduled."""
+    addresses = [f"gone{n}@example.com" for n in range(count - 1)]
+    for address in addresses:
+        ok(await client.post("/suppressions", json={"address": address, "reason": "manual"}), 201)
+    recipients = [*addresses, "ada@example.com"]
+    return await send(client, to=recipients[-1], cc=recipients[:50],
+                      bcc=recipients[50:-1] or None, scheduled_at=later(hours=1))
+
+
+async def test_event_fields(client: httpx.AsyncClient) -> None:
+    email_id = await send(client, scheduled_at=later(hours=1))
+    [event] = await events(client, email_id)
+    assert set(event) == {"id", "type", "recipient", "occurred_at", "provider", "code", "message"}
+    assert event["type"] == "scheduled"
+    assert event["provider"] == "sandbox"
+    assert event["recipient"] == "ada@example.com"
+    assert event["occurred_at"].endswith("Z")
+
+
+async def test_paging_defaults_to_100_and_falls_back_to_100(client: httpx.AsyncClient) -> None:
+    email_id = await many_events(client, 101)
+    assert len(await events(client, email_id)) == 100
+    assert len(await events(client, email_id, limit=1000)) == 100
+    assert len(await events(client, email_id, limit=101)) == 100
+    newest = await events(client, email_id, limit=1)
+    assert [e["type"] for e in newest] == ["scheduled"]
+    everything = await events(client, email_id, limit=100, offset=0)
+    rest = await events(client, email_id, offset=100)
+    assert len(rest) == 1 and rest[0]["type"] == "suppressed"
+    assert len({e["id"] for e in everything + rest}) == 101
+    assert await events(client, email_id, offset=500) == []
+    two = await events(client, email_id, limit=2, offset=1)
+    assert [e["id"] for e in two] == [e["id"] for e in everything[1:3]]
+
+
+async def test_paging_refuses_bad_values(client: httpx.AsyncClient) -> None:
+    email_id = await send(client, scheduled_at=later(hours=1))
+    for params in ({"limit": 0}, {"limit": -3}, {"limit": "1.5"}, {"limit": "x"},
+                   {"offset": -1}, {"offset": "a"}, {"page": 2}):
+        assert_error(
+            await client.get(f"/emails/{email_id}/events", params=params), 400, "BAD_REQUEST"
+        )

@@ -1,0 +1,256 @@
+"""The SMTP provider against a real SMTP server (aiosmtpd) on loopback:
+DKIM signatures that dkimpy verifies, outcomes per recipient, connection
+reuse and recovery, STARTTLS and AUTH."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import ssl
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dkim
+import pytest
+import trio
+
+from tests.email.smtp_sink import Sink, running_sink, self_signed
+from tidings.config import SmtpUrl
+from tidings.email.dkim import new_private_key, public_key_base64
+from tidings.providers.email import DkimKey, OutgoingEmail
+from tidings.providers.smtp import SmtpProvider
+
+KEY = new_private_key()
+DKIM_RECORD = f"v=DKIM1; k=rsa; p={public_key_base64(KEY)}".encode()
+
+
+def outgoing(*recipients: str, **changes: Any) -> OutgoingEmail:
+    fields: dict[str, Any] = {
+        "message_id": uuid.uuid4(),
+        "team_id": uuid.uuid4(),
+        "sender": "Acme <news@acme.example>",
+        "return_path": "b-1@bounces.acme.example",
+        "recipients": recipients,
+        "to": recipients,
+        "subject": "Your receipt",
+        "html": "<h1>Thanks</h1><p>Your order <a href='https://acme.example/o/1'>#1</a>.</p>",
+        "dkim": DkimKey("acme.example", "tidings1", KEY),
+    }
+    fields.update(changes)
+    return OutgoingEmail(**fields)
+
+
+def dns(name: bytes, timeout: int = 5) -> bytes:
+    assert name == b"tidings1._domainkey.acme.example."
+    return DKIM_RECORD
+
+
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+@pytest.fixture
+def port(sink: Sink) -> Iterator[int]:
+    with running_sink(sink) as port:
+        yield port
+
+
+def url(port: int, starttls: str = "off", **more: Any) -> SmtpUrl:
+    return SmtpUrl(host="127.0.0.1", port=port, implicit_tls=False, starttls=starttls,  # type: ignore[arg-type]
+                   **more)
+
+
+async def test_signed_message_with_text_part_and_return_path(sink: Sink, port: int) -> None:
+    provider = SmtpProvider(url(port), "mx.tidings.example")
+    email_ = outgoing("ada@example.org", cc=("cy@example.org",),
+                      recipients=("ada@example.org", "cy@example.org", "hidden@example.org"))
+    result = await provider.send(email_)
+    await provider.aclose()
+    assert result.provider == "smtp" and not result.deferred
+    assert result.provider_message_id == f"<{email_.message_id}@acme.example>"
+    assert [(o.recipient, o.type, o.code) for o in result.outcomes] == [
+        ("ada@example.org", "sent", "250"), ("cy@example.org", "sent", "250"),
+        ("hidden@example.org", "sent", "250"),
+    ]
+    [received] = sink.messages
+    assert received.mail_from == "b-1@bounces.acme.example"
+    assert received.recipients == ["ada@example.org", "cy@example.org", "hidden@example.org"]
+    assert dkim.verify(received.data, dnsfunc=dns)
+    # Altered in transit, it no longer verifies.
+    assert not dkim.verify(received.data.replace(b"Your receipt", b"Your receipT"), dnsfunc=dns)
+    message = email.message_from_bytes(received.data, policy=email.policy.default)
+    assert message["Message-ID"] == f"<{email_.message_id}@acme.example>"
+    assert message["From"] == "Acme <news@acme.example>"
+    assert message["Cc"] == "cy@example.org" and message["Bcc"] is None
+    assert b"hidden@example.org" not in received.data
+    assert "d=acme.example" in message["DKIM-Signature"].replace(" ", "")
+    text = message.get_body(("plain",)).get_content()  # type: ignore[union-attr]
+    assert "Thanks" in text and "#1 (https://acme.example/o/1)" in text
+    assert "<h1>Thanks</h1>" in message.get_body(("html",)).get_content()  # type: ignore[union-attr]
+
+
+async def test_non_ascii_and_dots_survive_signing(sink: Sink, port: int) -> None:
+    provider = SmtpProvider(url(port), "mx.tidings.example")
+    await provider.send(outgoing(
+        "ada@example.org", sender="Ëlise Café <news@acme.example>", subject="Reçu n° 1",
+        html=None, text="Première ligne\n.\n..deux points\nfin", headers=(("X-Tag", "é"),),
+    ))
+    await provider.aclose()
+    [received] = sink.messages
+    assert dkim.verify(received.data, dnsfunc=dns)
+    message = email.message_from_bytes(received.data, policy=email.policy.default)
+    assert message["Subject"] == "Reçu n° 1" and message["X-Tag"] == "é"
+    content = message.get_content().replace("\r\n", "\n")
+    assert content == "Première ligne\n.\n..deux points\nfin\n"
+
+
+async def test_bounce_at_rcpt_and_temporary_failure(sink: Sink, port: int) -> None:
+    sink.rcpt_replies["gone@example.org"] = "550 5.1.1 no such user"
+    sink.rcpt_replies["full@example.org"] = "452 4.2.2 mailbox full"
+    provider = SmtpProvider(url(port), "mx.tidings.example")
+    result = await provider.send(
+        outgoing("ada@example.org", "gone@example.org", "full@example.org")
+    )
+    outcomes = {o.recipient: (o.type, o.code, o.message) for o in result.outcomes}
+    assert outcomes == {
+        "ada@example.org": ("sent", "250", "2.0.0 queued"),
+        "gone@example.org": ("bounced", "550", "5.1.1 no such user"),
+    }
+    assert [(d.recipient, d.code, d.message) for d in result.deferred] == [
+        ("full@example.org", "452", "4.2.2 mailbox full")
+    ]
+    assert sink.messages[0].recipients == ["ada@example.org"]
+
+    # Every recipient refused: no message, and the connection goes on.
+    result = await provider.send(outgoing("gone@example.org"))
+    assert [(o.type, o.code) for o in result.outcomes] == [("bounced", "550")]
+    assert len(sink.messages) == 1
+    assert (await provider.send(outgoing("ada@example.org"))).outcomes[0].type == "sent"
+    assert provider.connections_opened == 1
+    await provider.aclose()
+
+
+async def test_replies_at_data_and_mail(sink: Sink, port: int) -> None:
+    provider = SmtpProvider(url(port), "mx.tidings.example")
+    sink.data_reply = "554 5.7.1 message refused as spam"
+    result = await provider.send(outgoing("ada@example.org", "bo@example.org"))
+    assert [(o.type, o.code) for o in result.outcomes] == [("bounced", "554")] * 2
+    sink.data_reply = "451 4.3.0 try again later"
+    result = await provider.send(outgoing("ada@example.org"))
+    assert not result.outcomes and [d.code for d in result.deferred] == ["451"]
+    sink.data_reply = None
+    sink.mail_reply = "553 5.7.1 sender not allowed"
+    result = await provider.send(outgoing("ada@example.org"))
+    assert [(o.type, o.code) for o in result.outcomes] == [("failed", "553")]
+    sink.mail_reply = "421 4.7.0 closing"
+    result = await provider.send(outgoing("ada@example.org"))
+    assert [d.code for d in result.deferred] == ["421"]
+    await provider.aclose()
+
+
+async def test_many_messages_over_one_connection(sink: Sink, port: int) -> None:
+    provider = SmtpProvider(url(port), "mx.tidings.example", connections=2)
+    async with trio.open_nursery() as nursery:
+        for i in range(40):
+            nursery.start_soon(provider.send, outgoing(f"r{i}@example.org"))
+    await provider.aclose()
+    assert len(sink.messages) == 40
+    assert provider.connections_opened == 2
+    assert len({m.session for m in sink.messages}) == 2
+
+
+async def test_server_down_then_back(sink: Sink) -> None:
+    with running_sink(sink) as port:
+        provider = SmtpProvider(url(port), "mx.tidings.example")
+        assert (await provider.send(outgoing("ada@example.org"))).outcomes[0].type == "sent"
+    # The server went away: its pooled connection is dead and no new one opens.
+    result = await provider.send(outgoing("ada@example.org"))
+    assert not result.outcomes
+    assert result.deferred[0].recipient == "ada@example.org"
+    assert result.deferred[0].code is None and result.deferred[0].message
+    with running_sink(sink) as new_port:
+        provider.url = url(new_port)
+        assert (await provider.send(outgoing("bo@example.org"))).outcomes[0].type == "sent"
+    await provider.aclose()
+
+
+async def test_stale_pooled_connection_is_replaced(sink: Sink) -> None:
+    with running_sink(sink) as port:
+        provider = SmtpProvider(url(port), "mx.tidings.example")
+        await provider.send(outgoing("ada@example.org"))
+    # The server restarts on the same port: the pooled connection is closed by
+    # then; the provider notices before anything was sent and reconnects.
+    with running_sink(sink, port=port):
+        result = await provider.send(outgoing("bo@example.org"))
+    assert [o.type for o in result.outcomes] == ["sent"]
+    assert provider.connections_opened == 2
+    assert [m.recipients for m in sink.messages] == [["ada@example.org"], ["bo@example.org"]]
+    await provider.aclose()
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    return self_signed(tmp_path)
+
+
+def trusting(cert: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(cert))
+
+
+async def test_starttls_auto_and_require_use_tls(
+    sink: Sink, certificate: tuple[Path, Path]
+) -> None:
+    with running_sink(sink, tls=certificate) as port:
+        for mode in ("auto", "require"):
+            provider = SmtpProvider(url(port, mode), "mx.tidings.example",
+                                    tls_context=trusting(certificate[0]))
+            assert (await provider.send(outgoing("ada@example.org"))).outcomes[0].type == "sent"
+            await provider.aclose()
+        provider = SmtpProvider(url(port, "off"), "mx.tidings.example")
+        assert (await provider.send(outgoing("ada@example.org"))).outcomes[0].type == "sent"
+        await provider.aclose()
+    assert len(sink.messages) == 3 and len(sink.tls_sessions) == 2
+    assert {m.session for m in sink.messages[:2]} == sink.tls_sessions
+
+
+async def test_starttls_auto_without_tls_and_require_refused(sink: Sink, port: int) -> None:
+    provider = SmtpProvider(url(port, "auto"), "mx.tidings.example")
+    assert (await provider.send(outgoing("ada@example.org"))).outcomes[0].type == "sent"
+    await provider.aclose()
+    assert not sink.tls_sessions
+    provider = SmtpProvider(url(port, "require"), "mx.tidings.example")
+    result = await provider.send(outgoing("ada@example.org"))
+    assert "STARTTLS" in result.deferred[0].message
+    assert len(sink.messages) == 1
+
+
+async def test_starttls_with_an_untrusted_certificate_is_refused(
+    sink: Sink, certificate: tuple[Path, Path]
+) -> None:
+    with running_sink(sink, tls=certificate) as port:
+        provider = SmtpProvider(url(port, "auto"), "mx.tidings.example")
+        result = await provider.send(outgoing("ada@example.org"))
+    assert "TLS" in result.deferred[0].message and not sink.messages
+
+
+@pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")
+async def test_auth(sink: Sink) -> None:
+    from aiosmtpd.smtp import AuthResult
+
+    def authenticate(server: Any, session: Any, envelope: Any, mechanism: str,
+                     data: Any) -> Any:
+        good = data.login == b"tidings" and data.password == b"s3cret:/@"
+        return AuthResult(success=good, handled=False)
+
+    with running_sink(sink, authenticator=authenticate, auth_require_tls=False,
+                      auth_required=True) as port:
+        provider = SmtpProvider(url(port, username="tidings", password="s3cret:/@"), "mx.t")
+        assert (await provider.send(outgoing("ada@example.org"))).outcomes[0].type == "sent"
+        await provider.aclose()
+        provider = SmtpProvider(url(port, username="tidings", password="wrong"), "mx.t")
+        result = await provider.send(outgoing("ada@example.org"))
+        assert "authentication failed" in result.deferred[0].message
+    assert len(sink.messages) == 1

@@ -1,0 +1,137 @@
+"""Emails through the SMTP provider to a real SMTP server on loopback: the
+send worker's DKIM-signed message as dkimpy verifies it, a bounce at RCPT,
+and a deferral retried until its last try fails."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+from collections.abc import Iterator
+from typing import Any
+
+import dkim
+import httpx
+import pytest
+import trio
+
+from tests.email.helpers import events, ok, send
+from tests.email.smtp_sink import Sink, running_sink
+from tidings.config import Config, parse_smtp_url
+
+
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+@pytest.fixture
+def port(sink: Sink) -> Iterator[int]:
+    with running_sink(sink) as port:
+        yield port
+
+
+@pytest.fixture
+def config(database_url: str, port: int) -> Config:
+    return Config(
+        database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
+        shutdown_grace_seconds=2, email_provider="smtp", email_poll_seconds=0.2,
+        smtp_url=parse_smtp_url(f"smtp://127.0.0.1:{port}?starttls=off"),
+        email_retry_schedule=(0.2, 0.2),
+    )
+
+
+@pytest.fixture
+def client(client: httpx.AsyncClient, acme_domain: str) -> httpx.AsyncClient:
+    return client
+
+
+async def types_when(
+    client: httpx.AsyncClient, email_id: str, status: str, within: float = 10
+) -> list[dict[str, Any]]:
+    with trio.fail_after(within):
+        while ok(await client.get(f"/emails/{email_id}"))["status"] != status:
+            await trio.sleep(0.05)
+    return list(reversed(await events(client, email_id)))
+
+
+async def test_the_message_arrives_dkim_signed(client: httpx.AsyncClient, sink: Sink) -> None:
+    email_id = await send(client, to="Ada <ada@example.com>", subject="Receipt",
+                          html="<p>Thanks</p>", headers={"X-Order": "7"})
+    found = await types_when(client, email_id, "sent")
+    assert [(e["type"], e["provider"], e["code"]) for e in found] == [
+        ("queued", "smtp", None), ("sent", "smtp", "250"),
+    ]
+    [received] = sink.messages
+    assert received.recipients == ["ada@example.com"]
+    assert received.mail_from == f"{email_id}@bounces.acme.example"
+    message = email.message_from_bytes(received.data, policy=email.policy.default)
+    assert message["Message-ID"] == f"<{email_id}@acme.example>"
+    assert message["Subject"] == "Receipt" and message["X-Order"] == "7"
+
+    [domain] = ok(await client.get("/domains"))["data"]
+    record = next(r for r in domain["records"] if r["purpose"] == "dkim")
+
+    def lookup(name: bytes, timeout: int = 5) -> bytes:
+        assert name.decode().rstrip(".") == record["name"]
+        return str(record["value"]).encode()
+
+    assert dkim.verify(received.data, dnsfunc=lookup)
+
+
+async def test_a_refusal_at_rcpt_is_a_bounce_and_suppresses(
+    client: httpx.AsyncClient, sink: Sink
+) -> None:
+    sink.rcpt_replies["gone@example.com"] = "550 5.1.1 no such user"
+    email_id = await send(client, to=["gone@example.com", "ada@example.com"])
+    found = await types_when(client, email_id, "sent")
+    assert sorted((e["type"], e["recipient"]) for e in found[1:]) == [
+        ("bounced", "gone@example.com"), ("sent", "ada@example.com"),
+    ]
+    bounced = next(e for e in found if e["type"] == "bounced")
+    assert bounced["code"] == "550" and "no such user" in bounced["message"]
+    [suppression] = ok(await client.get("/suppressions"))["data"]
+    assert (suppression["address"], suppression["reason"]) == ("gone@example.com", "hard_bounce")
+    assert [m.recipients for m in sink.messages] == [["ada@example.com"]]
+
+
+async def test_a_deferral_is_retried_and_fails_after_the_last_try(
+    client: httpx.AsyncClient, sink: Sink
+) -> None:
+    sink.rcpt_replies["busy@example.com"] = "451 4.3.0 try later"
+    email_id = await send(client, to="busy@example.com")
+    found = await types_when(client, email_id, "failed")
+    assert [(e["type"], e["code"]) for e in found] == [("queued", None), ("failed", "451")]
+    assert sink.messages == []
+
+
+class OnceBusy(Sink):
+    """Answers 451 to each address in ``busy`` once, then takes it."""
+
+    def __init__(self, *busy: str) -> None:
+        super().__init__()
+        self.busy = set(busy)
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
+    ) -> str:
+        if address in self.busy:
+            self.busy.discard(address)
+            return "451 4.3.0 try later"
+        return await super().handle_RCPT(server, session, envelope, address, options)
+
+
+@pytest.mark.parametrize("sink", [OnceBusy("busy@example.com")])
+async def test_a_deferred_recipient_is_sent_at_the_retry(
+    client: httpx.AsyncClient, sink: Sink
+) -> None:
+    email_id = await send(client, to=["ada@example.com", "busy@example.com"])
+    with trio.fail_after(10):
+        while len(sink.messages) < 2:
+            await trio.sleep(0.05)
+    assert [m.recipients for m in sink.messages] == [["ada@example.com"], ["busy@example.com"]]
+    found = await types_when(client, email_id, "sent")
+    assert [(e["type"], e["recipient"]) for e in found] == [
+        ("queued", "ada@example.com, busy@example.com"),
+        ("sent", "ada@example.com"),
+        ("sent", "busy@example.com"),
+    ]

@@ -1,0 +1,319 @@
+"""The send worker: due emails handed to the email provider, outcomes recorded.
+
+Two kinds of due work on the runtime (``tidings.actors.duework``):
+
+* ``email-senders``: one actor per team with due emails (queued, scheduled
+  and now due, or retrying). It claims them with a lease, hands each to the
+  provider (``TIDINGS_EMAIL_CONCURRENCY`` in flight), and records finished
+  attempts in batches: each batch in one transaction with its events, the
+  outcomes the provider announced for later (as ``email_followups`` rows),
+  and the suppressions that bounces and complaints cause. Deferred
+  recipients are tried again after ``TIDINGS_EMAIL_RETRY_SCHEDULE`` and
+  fail after its last step. Accepting an email NOTIFYs its team's actor.
+* ``email-followups``: one actor per process that records followups as
+  they fall due, many per transaction; any process may take any of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from uuid import UUID, uuid4
+
+import trio
+
+from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker, Wake
+from tidings.actors.mailbox import Mailbox
+from tidings.actors.runtime import Runtime
+from tidings.actors.supervisor import Actor
+from tidings.config import Config
+from tidings.providers.email import (
+    Deferral,
+    DkimKey,
+    EmailProvider,
+    EmailResult,
+    OutgoingEmail,
+)
+from tidings.storage import emails_sending as store
+from tidings.storage.db import Database
+from tidings.storage.domains import SendingDomain, sending_domain
+from tidings.storage.emails import DUE_CHANNEL, Change, Clock, recipients_text
+
+log = logging.getLogger("tidings.emails")
+
+IDLE_SECONDS = 30.0
+# How long a sending domain's key is used before it is read again.
+DOMAIN_TTL_SECONDS = 30.0
+FOLLOWUP_BATCH = 1000
+FOLLOWUPS = "followups"
+
+
+class Emails:
+    """The email side of one process."""
+
+    def __init__(self, db: Database, config: Config, provider: EmailProvider) -> None:
+        self.db = db
+        self.config = config
+        self.provider = provider
+        # Leases this process writes carry this id.
+        self.owner = uuid4()
+        self.senders: Due[UUID] | None = None
+        self.followups: Due[str] | None = None
+        # Attempts by what they recorded: sent, retrying, failed, suppressed.
+        self.attempts: Counter[str] = Counter()
+        self._domains: dict[tuple[UUID, str], tuple[float, SendingDomain | None]] = {}
+
+    async def domain(self, team_id: UUID, name: str) -> SendingDomain | None:
+        """The team's verified domain ``name`` with its key, read at most every 30 s."""
+        key = (team_id, name)
+        now = trio.current_time()
+        cached = self._domains.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        found = await self.db.run(sending_domain, team_id, name)
+        if len(self._domains) > 10_000:
+            self._domains.clear()
+        self._domains[key] = (now + DOMAIN_TTL_SECONDS, found)
+        return found
+
+    def retry_at(self, attempt: int, now: datetime) -> datetime | None:
+        """When attempt ``attempt`` (from 1) is followed by another; None: it was the last."""
+        schedule = self.config.email_retry_schedule
+        if attempt > len(schedule):
+            return None
+        return now + timedelta(seconds=schedule[attempt - 1] * random.uniform(1.0, 1.1))
+
+    async def attempt(self, email: store.Claimed) -> store.Attempted:
+        """Send ``email`` once to its recipients still to try; what to record."""
+        provider = self.provider.name
+        clock = Clock()
+        data = email.data()
+        blocked = set(email.suppressed)
+        changes = [
+            Change(email.id, email.team_id, "suppressed", address, clock.tick(), provider, data,
+                   message="the address is on the team's suppression list")
+            for address in email.send_to if address.lower() in blocked
+        ]
+        recipients = [a for a in email.send_to if a.lower() not in blocked]
+        domain = await self.domain(email.team_id, email.domain) if recipients else None
+        if not recipients:
+            result = EmailResult(provider, None)
+        elif domain is None:
+            result = EmailResult(provider, None, deferred=tuple(
+                Deferral(r, None, f"{email.domain} is not a verified sending domain any more")
+                for r in recipients
+            ))
+            # Nothing to wait for: fail now.
+            return self._finish(email, result, changes, clock, final=True)
+        else:
+            result = await self._send(email, domain, tuple(recipients))
+        return self._finish(email, result, changes, clock, final=False)
+
+    async def _send(
+        self, email: store.Claimed, domain: SendingDomain, recipients: tuple[str, ...]
+    ) -> EmailResult:
+        outgoing = OutgoingEmail(
+            message_id=email.id,
+            team_id=email.team_id,
+            sender=email.from_address,
+            return_path=f"{email.id}@{domain.return_path}",
+            recipients=recipients,
+            to=tuple(email.to_addresses),
+            subject=email.subject,
+            cc=tuple(email.cc),
+            reply_to=tuple(email.reply_to),
+            html=email.html,
+            text=email.text,
+            headers=tuple(email.headers.items()),
+            dkim=DkimKey(domain.name, domain.dkim_selector, domain.dkim_private_key),
+        )
+        try:
+            return await self.provider.send(outgoing)
+        except Exception as failure:  # a provider bug: retried, never a stuck email
+            log.exception("sending email %s failed unexpectedly", email.id)
+            message = f"the provider failed: {type(failure).__name__}: {failure}"
+            return EmailResult(
+                self.provider.name, None,
+                deferred=tuple(Deferral(r, None, message) for r in recipients),
+            )
+
+    def _finish(
+        self,
+        email: store.Claimed,
+        result: EmailResult,
+        changes: list[Change],
+        clock: Clock,
+        *,
+        final: bool,
+    ) -> store.Attempted:
+        now = datetime.now(UTC)
+        data = email.data()
+        for o in result.now():
+            changes.append(Change(email.id, email.team_id, o.type, o.recipient, clock.tick(),
+                                  result.provider, data, code=o.code, message=o.message))
+        followups = [
+            store.Followup(email.id, o.recipient, o.type, now + o.after, result.provider,
+                           o.code, o.message)
+            for o in result.later()
+        ]
+        retry_at = None if final else self.retry_at(email.attempt_count + 1, now)
+        deferred = [d.recipient for d in result.deferred]
+        error = "; ".join(sorted({d.message for d in result.deferred})) or None
+        if deferred and retry_at is None:
+            for d in result.deferred:
+                changes.append(Change(email.id, email.team_id, "failed", d.recipient,
+                                      clock.tick(), result.provider, data, code=d.code,
+                                      message=d.message))
+            deferred = []
+        if not email.send_to:
+            changes.append(Change(email.id, email.team_id, "failed",
+                                  recipients_text(email.to_addresses), clock.tick(),
+                                  result.provider, data, message="no recipient left to send to"))
+        self.attempts["retrying" if deferred else (changes[-1].type if changes else "sent")] += 1
+        return store.Attempted(
+            email=email,
+            status=changes[-1].type if changes else None,
+            status_at=changes[-1].occurred_at if changes else None,
+            next_at=retry_at if deferred else None,
+            error=error,
+            provider=result.provider,
+            send_to=deferred,
+            changes=changes,
+            followups=followups,
+        )
+
+
+class SendJob:
+    """What the actor of one team does with its leased emails.
+
+    While emails wait for the provider (its connections may all be busy) or
+    are being sent, their leases are renewed every third of the lease, so
+    that another process never takes up an email this one is still sending.
+    An email whose lease was lost anyway (this process stalled) is not sent.
+    """
+
+    def __init__(self, team_id: UUID, emails: Emails) -> None:
+        self._team_id = team_id
+        self._emails = emails
+        self._held: set[UUID] = set()
+        self._lost: set[UUID] = set()
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[object]:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._renew)
+            yield None
+            nursery.cancel_scope.cancel()
+
+    async def _renew(self) -> None:
+        emails = self._emails
+        lease = emails.config.email_lease_seconds
+        while True:
+            await trio.sleep(lease / 3)
+            held = list(self._held)
+            if held:
+                kept = await emails.db.run(store.renew, held, emails.owner, lease)
+                self._lost.update(set(held) - kept)
+
+    async def claim(self, limit: int) -> Batch[store.Claimed]:
+        emails = self._emails
+        claimed, next_in = await emails.db.run(
+            store.claim, self._team_id, emails.owner, emails.config.email_lease_seconds, limit
+        )
+        self._held.update(item.id for item in claimed)
+        return Batch(claimed, next_in)
+
+    async def perform(self, item: store.Claimed) -> store.Attempted:
+        if item.id in self._lost:
+            # Another process may have it now: leave it alone (recording will skip it).
+            return store.Attempted(item, None, None, None, None, self._emails.provider.name, [])
+        return await self._emails.attempt(item)
+
+    async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
+        emails = self._emails
+        attempted = [outcome for _item, outcome in done]
+        try:
+            await emails.db.run(store.record_attempts, emails.owner, attempted)
+        finally:
+            self._forget([item for item, _outcome in done])
+        if any(a.followups for a in attempted) and emails.followups is not None:
+            emails.followups.wake(FOLLOWUPS)
+
+    async def release(self, items: Sequence[store.Claimed]) -> None:
+        emails = self._emails
+        try:
+            await emails.db.run(store.release, [item.id for item in items], emails.owner)
+        finally:
+            self._forget(items)
+
+    def _forget(self, items: Sequence[store.Claimed]) -> None:
+        for item in items:
+            self._held.discard(item.id)
+            self._lost.discard(item.id)
+
+
+class FollowupActor(Actor[Wake]):
+    """Records followups as they fall due; sleeps until the next one or a wake."""
+
+    idle_timeout = None
+
+    def __init__(self, emails: Emails) -> None:
+        self._emails = emails
+
+    async def run(self, mailbox: Mailbox[Wake]) -> None:
+        db = self._emails.db
+        idle_deadline = trio.current_time() + IDLE_SECONDS
+        while not mailbox.stopping:
+            recorded, next_in = await db.run(store.record_due_followups, FOLLOWUP_BATCH)
+            if recorded == FOLLOWUP_BATCH:
+                continue
+            now = trio.current_time()
+            if recorded or next_in is not None:
+                idle_deadline = now + IDLE_SECONDS
+            wait = max(next_in, 0.005) if next_in is not None else idle_deadline - now
+            if wait <= 0:
+                return  # idle: nothing scheduled for a while
+            mailbox.idle_timeout = wait
+            await mailbox.next()
+            mailbox.idle_timeout = None
+
+
+def start_emails(
+    runtime: Runtime, db: Database, config: Config, provider: EmailProvider
+) -> Emails:
+    """Register sending with the runtime: one actor per team, and the followups."""
+    emails = Emails(db, config, provider)
+
+    def sender(team_id: UUID) -> LeasedWorker[store.Claimed, store.Attempted]:
+        return LeasedWorker(
+            SendJob(team_id, emails),
+            concurrency=config.email_concurrency,
+            idle_seconds=IDLE_SECONDS,
+        )
+
+    emails.senders = runtime.due(
+        DueWork(
+            name="email-senders",
+            channel=DUE_CHANNEL,
+            due=store.due_teams,
+            parse=UUID,
+            actor=sender,
+            poll_seconds=config.email_poll_seconds,
+        )
+    )
+    emails.followups = runtime.due(
+        DueWork(
+            name="email-followups",
+            channel=f"{DUE_CHANNEL}_followups",
+            due=store.followups_due,
+            parse=str,
+            actor=lambda _key: FollowupActor(emails),
+            poll_seconds=config.email_poll_seconds,
+        )
+    )
+    return emails
+

@@ -1,0 +1,59 @@
+"""Sending domain names: what Tidings accepts and the one form it stores.
+
+A name is a host name under a public suffix, given with or without a trailing
+dot, in any case. Internationalised names (``bücher.example``) are accepted
+and stored in their ASCII form (``xn--bcher-kva.example``), which is what DNS
+and the SMTP envelope carry; the API shows that form.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+import idna
+
+LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+MAX_LENGTH = 253
+
+
+def domain_name(raw: str) -> str:
+    """``raw`` as a lower-case ASCII domain name; ValueError says why it is not one."""
+    name = raw.strip().removesuffix(".")
+    if not name:
+        raise ValueError("must be a domain name such as example.com")
+    if "@" in name or "/" in name or ":" in name or " " in name:
+        raise ValueError(f"{raw!r} is not a domain name (give only the domain, e.g. example.com)")
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    else:
+        raise ValueError("must be a domain name, not an IP address")
+    if not name.isascii():
+        try:
+            name = idna.encode(name, uts46=True).decode("ascii")
+        except idna.IDNAError as error:
+            raise ValueError(
+                f"{raw!r} is not a valid internationalised domain name: {error}"
+            ) from None
+    name = name.lower()
+    if len(name) > MAX_LENGTH:
+        raise ValueError(f"must be at most {MAX_LENGTH} characters")
+    labels = name.split(".")
+    if len(labels) < 2:
+        raise ValueError("must have at least two labels, e.g. example.com")
+    for label in labels:
+        if not LABEL.match(label):
+            raise ValueError(
+                f"label {label!r} must be 1 to 63 letters, digits or hyphens, "
+                "not starting or ending with a hyphen"
+            )
+        if label.startswith("xn--"):
+            try:
+                idna.decode(label)
+            except idna.IDNAError:
+                raise ValueError(f"label {label!r} is not a valid xn-- label") from None
+    if labels[-1].isdigit():
+        raise ValueError("the last label must not be all digits")
+    return name

@@ -1,0 +1,174 @@
+"""Delivery status notifications (RFC 3464) and abuse reports (ARF, RFC 5965).
+
+Both are ``multipart/report`` messages: a human-readable part, a
+machine-readable part (``message/delivery-status`` or
+``message/feedback-report``) and the original message or its headers. What
+Tidings needs of them is, per recipient, the original ``Message-ID`` and
+what happened: a bounce, a delay, a delivery or a complaint, with the status
+and the diagnostic the reporting server gave. Parsed with the standard
+library's ``email`` package.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+from dataclasses import dataclass
+from email.message import Message
+from email.parser import HeaderParser
+from email.utils import getaddresses
+from typing import Literal
+
+Outcome = Literal["bounced", "delivery_delayed", "delivered", "complained"]
+
+# The DSN Action of a recipient, and what it means for the email.
+ACTIONS: dict[str, Outcome] = {
+    "failed": "bounced",
+    "delayed": "delivery_delayed",
+    "delivered": "delivered",
+    "relayed": "delivered",
+    "expanded": "delivered",
+}
+
+
+class NotAReport(ValueError):
+    """The message is neither a delivery status notification nor an abuse report."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a report says about one recipient of one original message."""
+
+    outcome: Outcome
+    recipient: str
+    original_message_id: str | None
+    # The DSN Status (``5.1.1``) or the ARF Feedback-Type (``abuse``).
+    code: str | None
+    # The Diagnostic-Code (``smtp; 550 5.1.1 no such user``) or the report's own words.
+    message: str | None
+
+
+def _address(field: str | None) -> str | None:
+    """The address of a ``type; address`` field (``rfc822; ada@example.org``)."""
+    if not field:
+        return None
+    _, _, value = field.partition(";")
+    addresses = getaddresses([(value or field).strip()])
+    address = addresses[0][1] if addresses else ""
+    return address.strip().strip("<>") or None
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return " ".join(str(value).split()) or None
+
+
+def _parts(message: Message) -> list[Message]:
+    payload = message.get_payload()
+    if not isinstance(payload, list):
+        return []
+    return [part for part in payload if isinstance(part, Message)]
+
+
+def _original_headers(report: Message) -> Message | None:
+    """The headers of the original message: its message/rfc822 or text/rfc822-headers part."""
+    for part in _parts(report)[1:]:
+        kind = part.get_content_type()
+        if kind in ("message/rfc822", "message/global"):
+            inner = _parts(part)
+            if inner:
+                return inner[0]
+            payload = part.get_payload()
+            if isinstance(payload, str):
+                return HeaderParser().parsestr(payload)
+        if kind in ("text/rfc822-headers", "message/global-headers"):
+            content = part.get_payload(decode=True)
+            if isinstance(content, bytes):
+                return HeaderParser().parsestr(content.decode("utf-8", "replace"))
+    return None
+
+
+def _machine_part(report: Message, kind: str) -> list[Message]:
+    """The field blocks of the report's second part (``message/delivery-status``
+    parses into one block per message and per recipient)."""
+    for part in _parts(report):
+        if part.get_content_type() != kind:
+            continue
+        blocks = _parts(part)
+        if blocks:
+            return blocks
+        payload = part.get_payload()
+        if isinstance(payload, str):
+            return [HeaderParser().parsestr(payload)]
+    return []
+
+
+def _message_id(headers: Message | None) -> str | None:
+    if headers is None:
+        return None
+    value = headers.get("Message-ID")
+    return _text(value)
+
+
+def _dsn(report: Message) -> list[Report]:
+    blocks = _machine_part(report, "message/delivery-status")
+    if not blocks:
+        raise NotAReport("a delivery-status report without its message/delivery-status part")
+    original = _message_id(_original_headers(report))
+    found: list[Report] = []
+    for block in blocks[1:]:
+        recipient = _address(block.get("Final-Recipient")) or _address(
+            block.get("Original-Recipient")
+        )
+        action = (block.get("Action") or "").strip().lower()
+        outcome = ACTIONS.get(action)
+        if recipient is None or outcome is None:
+            continue
+        found.append(Report(
+            outcome=outcome,
+            recipient=recipient,
+            original_message_id=original,
+            code=_text(block.get("Status")),
+            message=_text(block.get("Diagnostic-Code")),
+        ))
+    return found
+
+
+def _arf(report: Message) -> list[Report]:
+    blocks = _machine_part(report, "message/feedback-report")
+    if not blocks:
+        raise NotAReport("a feedback report without its message/feedback-report part")
+    fields = blocks[0]
+    headers = _original_headers(report)
+    recipients = [a for a in (_address(v) for v in fields.get_all("Original-Rcpt-To") or []) if a]
+    if not recipients and headers is not None:
+        recipients = [address for _, address in getaddresses(headers.get_all("To") or [])
+                      if address]
+    feedback = _text(fields.get("Feedback-Type")) or "abuse"
+    summary = _text(fields.get("User-Agent"))
+    return [
+        Report(
+            outcome="complained",
+            recipient=recipient,
+            original_message_id=_message_id(headers),
+            code=feedback,
+            message=f"{feedback} report" + (f" from {summary}" if summary else ""),
+        )
+        for recipient in recipients
+    ]
+
+
+def parse_report(raw: bytes) -> list[Report]:
+    """Every recipient a DSN or an ARF report speaks of; NotAReport otherwise."""
+    message = email.message_from_bytes(raw, policy=email.policy.compat32)
+    if message.get_content_type() != "multipart/report":
+        raise NotAReport(f"not a multipart/report message but {message.get_content_type()}")
+    kind = (message.get_param("report-type") or "")
+    kind = kind.lower() if isinstance(kind, str) else ""
+    if kind == "delivery-status":
+        return _dsn(message)
+    if kind == "feedback-report":
+        return _arf(message)
+    raise NotAReport(f"a report of type {kind or 'unknown'}, neither delivery-status "
+                     "nor feedback-report")

@@ -1,0 +1,65 @@
+"""``POST /providers/smtp/reports``: delivery status notifications and abuse
+reports, as raw messages, from the MTA that receives mail for the return
+path (``docs/email.md``).
+
+No bearer token: the caller proves itself with ``TIDINGS_REPORTS_SECRET``
+(``Authorization: Bearer <secret>``); without the setting the route is off.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING, Any
+
+from quart import request
+
+from tidings.email.inbound import record_report
+from tidings.email.reports import NotAReport
+from tidings.http.envelope import ApiError, unprocessable
+from tidings.http.routing import Routes
+
+if TYPE_CHECKING:
+    from tidings.service import Service
+
+routes = Routes("Providers")
+
+
+def _authorized(secret: str | None) -> bool:
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    return (
+        secret is not None
+        and scheme.lower() == "bearer"
+        and hmac.compare_digest(given.strip().encode(), secret.encode())
+    )
+
+
+@routes.route(
+    "POST", "/providers/smtp/reports",
+    summary="A delivery status notification (RFC 3464) or an abuse report (RFC 5965), raw",
+    public=True,
+)
+async def receive_report(service: Service) -> dict[str, Any]:
+    if not _authorized(service.config.reports_secret):
+        raise ApiError(403, "FORBIDDEN", "a valid TIDINGS_REPORTS_SECRET bearer is required")
+    body = await request.get_data()
+    raw = body if isinstance(body, bytes) else body.encode()
+    try:
+        async with service.db.transaction() as conn:
+            handled = await record_report(conn, raw)
+    except NotAReport as error:
+        raise unprocessable(f"body: {error}") from None
+    return {
+        "recorded": sum(h.recorded for h in handled),
+        "reports": [
+            {
+                "recipient": h.report.recipient,
+                "outcome": h.report.outcome,
+                "original_message_id": h.report.original_message_id,
+                "code": h.report.code,
+                "message": h.report.message,
+                "recorded": h.recorded,
+            }
+            for h in handled
+        ],
+    }

@@ -1,0 +1,178 @@
+"""The body of POST /emails (and of each item of POST /emails/batch), checked.
+
+The rules the spec leaves open are in docs/email.md: addresses, headers that
+are refused, tags, scheduling limits, and how a template fills the email.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from email.utils import formataddr
+from typing import Annotated, Any, Self
+from uuid import UUID
+
+from pydantic import Field, model_validator
+
+from tidings.addresses import normalize_address, parse_mailbox
+from tidings.fields import FieldError
+from tidings.http.models import RequestBody
+from tidings.storage.templates import TemplateRef
+
+MAX_RECIPIENTS = 50
+MAX_HEADERS = 50
+MAX_TAGS = 50
+MAX_SCHEDULE_AHEAD = timedelta(days=30)
+MAX_ADDRESS_FIELD = 998
+
+# Headers Tidings writes itself, or that would change who the email is from,
+# to whom it goes, how it is signed or how its body is read.
+REFUSED_HEADERS = frozenset({
+    "from", "to", "cc", "bcc", "reply-to", "subject", "sender", "date", "message-id",
+    "return-path", "dkim-signature", "domainkey-signature", "arc-seal",
+    "arc-message-signature", "arc-authentication-results", "authentication-results",
+    "received", "received-spf", "delivered-to", "mime-version", "content-type",
+    "content-transfer-encoding", "content-disposition", "content-id",
+})
+REFUSED_PREFIXES = ("resent-", "content-", "x-tidings-")
+# RFC 5322 field name: printable ASCII without the colon.
+_HEADER_NAME = re.compile(r"[!-9;-~]{1,76}")
+_TAG_TEXT = r"^[A-Za-z0-9_-]+$"
+
+# A bare address with nothing a display name, quoting or a comment would need.
+_BARE = re.compile(r"[^\s<>()\"\\,;:\[\]]+@[^\s<>()\"\\,;:\[\]]+")
+
+Addresses = str | Annotated[list[str], Field(min_length=1, max_length=MAX_RECIPIENTS)]
+
+
+class Tag(RequestBody):
+    name: str = Field(min_length=1, max_length=256, pattern=_TAG_TEXT)
+    value: str = Field(min_length=1, max_length=256, pattern=_TAG_TEXT)
+
+
+class TemplateUse(RequestBody):
+    """A published template: by ``id`` (its id or alias) or ``alias``."""
+
+    id: str | None = Field(None, min_length=1, max_length=100, description="Template id or alias")
+    alias: str | None = Field(None, min_length=1, max_length=100)
+    variables: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def one_ref(self) -> Self:
+        if (self.id is None) == (self.alias is None):
+            raise ValueError("template: give its id or its alias (one of them)")
+        return self
+
+
+class SendEmail(RequestBody):
+    from_: str | None = Field(
+        None, alias="from", max_length=MAX_ADDRESS_FIELD,
+        description="'Name <address>' or an address, on a verified domain of the team; "
+        "may come from the template",
+    )
+    to: Addresses = Field(description="An address or a list of 1 to 50")
+    cc: Addresses | None = None
+    bcc: Addresses | None = None
+    reply_to: Addresses | None = None
+    subject: str | None = Field(None, min_length=1, max_length=MAX_ADDRESS_FIELD)
+    html: str | None = Field(None, min_length=1)
+    text: str | None = Field(None, min_length=1)
+    headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
+    scheduled_at: datetime | None = Field(
+        None, description="RFC 3339 with a time zone; in the future, at most 30 days ahead"
+    )
+    template: TemplateUse | None = None
+
+    @model_validator(mode="after")
+    def content(self) -> Self:
+        if self.template is not None:
+            given = [n for n in ("subject", "html", "text") if getattr(self, n) is not None]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: not accepted with a template, which gives the content"
+                )
+        else:
+            if self.subject is None:
+                raise ValueError("subject: is required (or a template)")
+            if self.html is None and self.text is None:
+                raise ValueError("html, text: give at least one of them (or a template)")
+        if self.subject is not None and ("\r" in self.subject or "\n" in self.subject):
+            raise ValueError("subject: must not contain line breaks")
+        if self.scheduled_at is not None and self.scheduled_at.tzinfo is None:
+            raise ValueError("scheduled_at: must carry a time zone (e.g. Z)")
+        return self
+
+
+class InputError(ValueError):
+    """A field that cannot be used: ``status`` 400 (malformed) or 422 (impossible)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def mailbox(field: str, value: str) -> tuple[str, str | None]:
+    """The address and display name of one mailbox (``Name <address>`` or an
+    address), normalized; InputError naming ``field`` otherwise."""
+    try:
+        if _BARE.fullmatch(value):
+            # Most recipients are bare addresses: no need for the header parser.
+            return normalize_address(value, field), None
+        found = parse_mailbox(value, field)
+    except FieldError as error:
+        raise InputError(400, str(error)) from None
+    return found.address, found.name
+
+
+def shown(address: str, name: str | None) -> str:
+    return formataddr((name, address)) if name else address
+
+
+def address_list(field: str, value: str | list[str] | None) -> list[tuple[str, str | None]]:
+    if value is None:
+        return []
+    values = [value] if isinstance(value, str) else value
+    return [mailbox(f"{field}.{n}" if len(values) > 1 else field, item)
+            for n, item in enumerate(values)]
+
+
+def check_headers(headers: dict[str, str]) -> dict[str, str]:
+    seen: set[str] = set()
+    for name, value in headers.items():
+        lowered = name.lower()
+        if not _HEADER_NAME.fullmatch(name):
+            raise InputError(400, f"headers: {name!r} is not a valid header name")
+        if lowered in REFUSED_HEADERS or lowered.startswith(REFUSED_PREFIXES):
+            raise InputError(
+                400, f"headers.{name}: Tidings sets this header itself; it cannot be given"
+            )
+        if lowered in seen:
+            raise InputError(400, f"headers.{name}: given twice (names are case-insensitive)")
+        seen.add(lowered)
+        if "\r" in value or "\n" in value or len(value) > MAX_ADDRESS_FIELD:
+            raise InputError(
+                400, f"headers.{name}: one line of at most {MAX_ADDRESS_FIELD} characters"
+            )
+    return headers
+
+
+def check_schedule(scheduled_at: datetime | None, now: datetime) -> datetime | None:
+    if scheduled_at is None:
+        return None
+    if scheduled_at <= now:
+        raise InputError(422, "scheduled_at: must be in the future")
+    if scheduled_at > now + MAX_SCHEDULE_AHEAD:
+        raise InputError(422, "scheduled_at: at most 30 days ahead")
+    return scheduled_at.astimezone(UTC)
+
+
+def template_ref(value: TemplateUse) -> TemplateRef:
+    if value.alias is not None:
+        return TemplateRef(alias=value.alias)
+    assert value.id is not None
+    try:
+        return TemplateRef(id=UUID(value.id))
+    except ValueError:
+        return TemplateRef(alias=value.id)

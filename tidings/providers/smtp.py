@@ -1,0 +1,218 @@
+"""The SMTP email provider (``TIDINGS_EMAIL_PROVIDER=smtp``, ``TIDINGS_SMTP_URL``).
+
+Messages go to one relay over a pool of persistent connections
+(``TIDINGS_SMTP_CONNECTIONS``), each reused for message after message and
+replaced when it fails. Each send runs in a worker thread that builds the
+MIME message, signs it with the domain's DKIM key (OpenSSL's RSA releases
+the GIL, so signing runs on every core) and carries the SMTP transaction on
+a pooled ``smtplib`` connection; ``docs/email.md`` has the measurements
+behind that choice.
+
+Per recipient: accepted after the message → ``sent``; a 5xx at RCPT or at
+DATA → ``bounced``; a 5xx to MAIL FROM (the relay refuses the sender) →
+``failed``; a 4xx anywhere, a timeout or a lost connection → deferred, for
+the worker to retry with backoff.
+"""
+
+from __future__ import annotations
+
+import smtplib
+import ssl
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from email.utils import parseaddr
+
+import trio
+
+from tidings.config import Config, SmtpUrl
+from tidings.email import smtp_client
+from tidings.email.mime import build_message, message_id
+from tidings.email.signing import sign
+from tidings.email.smtp_client import Reply, SmtpConnectionError, Transaction
+from tidings.providers.email import (
+    Deferral,
+    EmailOutcome,
+    EmailProvider,
+    EmailResult,
+    OutgoingEmail,
+)
+
+NAME = "smtp"
+# A pooled connection idle longer than this is replaced rather than reused:
+# servers drop idle clients after a few minutes (RFC 5321 asks for 5).
+IDLE_SECONDS = 60.0
+
+
+def render(email: OutgoingEmail) -> bytes:
+    """The message as it goes out: MIME, with a Message-ID on the sending
+    domain, DKIM-signed when the email carries its domain's key."""
+    domain = email.dkim.domain if email.dkim else parseaddr(email.sender)[1].rpartition("@")[2]
+    message = build_message(
+        email_id=email.message_id, domain=domain, sender=email.sender, to=email.to,
+        subject=email.subject, cc=email.cc, reply_to=email.reply_to, html=email.html,
+        text=email.text, headers=email.headers,
+    )
+    if email.dkim is not None:
+        message = sign(message, email.dkim.domain, email.dkim.selector,
+                       email.dkim.private_key_pem)
+    return message
+
+
+def _outcome(recipient: str, kind: str, reply: Reply) -> EmailOutcome:
+    return EmailOutcome(recipient, kind, code=str(reply.code), message=reply.text)  # type: ignore[arg-type]
+
+
+def _deferral(recipient: str, reply: Reply) -> Deferral:
+    return Deferral(recipient, str(reply.code), reply.text)
+
+
+def result_of(
+    transaction: Transaction, recipients: tuple[str, ...], provider_message_id: str
+) -> EmailResult:
+    """Each recipient's outcome from the replies of its transaction."""
+    outcomes: list[EmailOutcome] = []
+    deferred: list[Deferral] = []
+    for recipient in recipients:
+        mail = transaction.mail
+        reply = transaction.recipients.get(recipient)
+        if mail is not None and not mail.positive:
+            if mail.permanent:
+                outcomes.append(_outcome(recipient, "failed", mail))
+            else:
+                deferred.append(_deferral(recipient, mail))
+            continue
+        if reply is None:
+            deferred.append(Deferral(recipient, None, "not tried: the transaction ended early"))
+            continue
+        if reply.positive:
+            reply = transaction.data or transaction.final or reply
+        if reply.positive:
+            outcomes.append(_outcome(recipient, "sent", reply))
+        elif reply.permanent:
+            outcomes.append(_outcome(recipient, "bounced", reply))
+        else:
+            deferred.append(_deferral(recipient, reply))
+    return EmailResult(NAME, provider_message_id, tuple(outcomes), tuple(deferred))
+
+
+class SmtpProvider:
+    """Sends through one relay over at most ``connections`` pooled connections."""
+
+    name = NAME
+    verifies_domains_instantly = False
+
+    def __init__(
+        self,
+        url: SmtpUrl,
+        helo_name: str,
+        *,
+        connections: int = 8,
+        tls_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.url = url
+        self.helo_name = helo_name
+        self.tls_context = tls_context or ssl.create_default_context()
+        # One thread per connection in use: it builds, signs and sends.
+        self._threads = trio.CapacityLimiter(connections)
+        self._idle: list[tuple[smtplib.SMTP, float]] = []
+        self._lock = threading.Lock()
+        # Connections opened so far: tests and metrics see reuse with it.
+        self.connections_opened = 0
+
+    async def send(self, email: OutgoingEmail) -> EmailResult:
+        """Cancellation waits for the worker thread's current socket operation
+        (at most ``SOCKET_TIMEOUT_SECONDS``)."""
+        return await trio.to_thread.run_sync(self._send, email, limiter=self._threads)
+
+    def _send(self, email: OutgoingEmail) -> EmailResult:
+        message = render(email)
+        domain = email.dkim.domain if email.dkim else parseaddr(email.sender)[1].rpartition("@")[2]
+        reference = message_id(email.message_id, domain)
+        for first_try in (True, False):
+            client, reused = self._take_idle()
+            try:
+                if client is None:
+                    client = smtp_client.connect(self.url, self.helo_name, self.tls_context)
+                    with self._lock:
+                        self.connections_opened += 1
+                transaction = smtp_client.send(
+                    client, email.return_path, list(email.recipients), message
+                )
+            except SmtpConnectionError as error:
+                if client is not None:
+                    client.close()
+                # A pooled connection the server had dropped: nothing of this
+                # transaction happened, so a fresh one may try it.
+                if first_try and reused and not error.answered:
+                    continue
+                return self._all_deferred(email, reference, error.reply, str(error))
+            except BaseException:
+                if client is not None:
+                    client.close()
+                raise
+            self._give_back(client, transaction)
+            return result_of(transaction, email.recipients, reference)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _take_idle(self) -> tuple[smtplib.SMTP | None, bool]:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None, False
+                client, since = self._idle.pop()
+            if time.monotonic() - since < IDLE_SECONDS:
+                return client, True
+            smtp_client.quit(client)
+
+    def _give_back(self, client: smtplib.SMTP, transaction: Transaction) -> None:
+        replies = [transaction.mail, transaction.data, transaction.final,
+                   *transaction.recipients.values()]
+        if any(reply is not None and reply.code == 421 for reply in replies):
+            # 421: the server is closing the channel.
+            client.close()
+            return
+        with self._lock:
+            self._idle.append((client, time.monotonic()))
+
+    @staticmethod
+    def _all_deferred(
+        email: OutgoingEmail, reference: str, reply: Reply | None, message: str
+    ) -> EmailResult:
+        code = None if reply is None else str(reply.code)
+        return EmailResult(
+            NAME, reference,
+            deferred=tuple(Deferral(r, code, message) for r in email.recipients),
+        )
+
+    async def aclose(self) -> None:
+        """Say QUIT on every idle connection."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for client, _ in idle:
+            await trio.to_thread.run_sync(smtp_client.quit, client)
+
+
+@asynccontextmanager
+async def open_smtp_provider(
+    config: Config, *, tls_context: ssl.SSLContext | None = None
+) -> AsyncIterator[SmtpProvider]:
+    if config.smtp_url is None:
+        raise ValueError("TIDINGS_EMAIL_PROVIDER=smtp needs TIDINGS_SMTP_URL")
+    provider = SmtpProvider(
+        config.smtp_url, config.mail_host, connections=config.smtp_connections,
+        tls_context=tls_context,
+    )
+    try:
+        yield provider
+    finally:
+        with trio.move_on_after(5, shield=True):
+            await provider.aclose()
+
+
+@asynccontextmanager
+async def open_provider(config: Config) -> AsyncIterator[EmailProvider]:
+    """The opener ``tidings.providers.select`` names for ``smtp``."""
+    async with open_smtp_provider(config) as provider:
+        yield provider
