@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import trio
 
+from tidings.actors.broadcasts import Broadcasts, start_broadcasts
 from tidings.actors.emails import Emails, start_emails
 from tidings.actors.idempotency import IdempotencyKeys, start_idempotency
 from tidings.actors.retention import start_retention
@@ -42,6 +43,7 @@ class Service:
     webhooks: Webhooks
     runtime: Runtime
     emails: Emails
+    broadcasts: Broadcasts
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Actors:
     idempotency: IdempotencyKeys
     webhooks: Webhooks
     emails: Emails
+    broadcasts: Broadcasts
 
 
 def start_actors(
@@ -73,9 +76,13 @@ def start_actors(
     guard = Guard(allow_private=config.webhook_allow_private_urls, resolve=resolve)
     webhooks = start_webhooks(runtime, db, config, guard)
     emails = start_emails(runtime, db, config, email_provider)
+    broadcasts = start_broadcasts(runtime, db, config, emails)
     runtime.singleton("domain-recheck", lambda: recheck_domains(db, config))
     runtime.singleton("retention", start_retention(db, config))
-    return Actors(tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails)
+    return Actors(
+        tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails,
+        broadcasts=broadcasts,
+    )
 
 
 @asynccontextmanager
@@ -105,6 +112,7 @@ async def open_service(
                         webhooks=webhooks,
                         runtime=runtime,
                         emails=actors.emails,
+                        broadcasts=actors.broadcasts,
                     )
                 finally:
                     stopping.deadline = trio.current_time() + config.shutdown_grace_seconds

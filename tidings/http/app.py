@@ -16,6 +16,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from tidings.http import (
+    broadcasts,
     contact_import,
     contact_properties,
     contacts,
@@ -31,6 +32,7 @@ from tidings.http import (
     templates,
     tokens,
     topics,
+    unsubscribe,
     webhooks,
 )
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
@@ -60,6 +62,8 @@ GROUPS: tuple[Routes, ...] = (
     events.routes,
     domains.routes,
     email_reports.routes,
+    broadcasts.routes,
+    unsubscribe.routes,
 )
 
 HTTP_CODES = {
