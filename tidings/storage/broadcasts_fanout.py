@@ -133,25 +133,26 @@ WITH b AS (
     WHERE id = $1 AND status = 'queued' AND lease_owner = $2 AND snapshot_at IS NOT NULL
     FOR UPDATE
 ), next AS (
+    -- Positions are dense from 1: the batch is one range of the primary key.
     SELECT r.position, r.contact_id, b.team_id, b.topic_id
-    FROM b JOIN broadcast_recipients r
-      ON r.broadcast_id = b.id AND r.position > b.fanout_cursor
-    ORDER BY r.position
-    LIMIT $3
+    FROM b JOIN broadcast_recipients r ON r.broadcast_id = $1
+     AND r.position BETWEEN (SELECT fanout_cursor FROM b) + 1 AND (SELECT fanout_cursor FROM b) + $3
 ), signed AS (
     SELECT n.*, '\\x01'::bytea || uuid_send(n.team_id) || uuid_send(n.contact_id)
                 || uuid_send(coalesce(n.topic_id, '00000000-0000-0000-0000-000000000000'))
                 AS message
     FROM next n
 ), r AS MATERIALIZED (
-    SELECT s.position, s.contact_id, s.team_id, c.email, gen_random_uuid() AS email_id,
-           gen_random_uuid() AS event_id, u.url,
+    SELECT s.position, s.contact_id, s.team_id, c.email, gen_random_uuid() AS email_id, u.url,
            $11::jsonb || coalesce(jsonb_strip_nulls(c.properties), '{{}}'::jsonb)
            || jsonb_strip_nulls(jsonb_build_object(
                   'email', c.email, 'first_name', c.first_name, 'last_name', c.last_name))
            || jsonb_build_object('unsubscribe_url', u.url) AS vals
     FROM signed s
-    LEFT JOIN contacts c ON c.id = s.contact_id AND c.team_id = s.team_id
+    -- One primary-key lookup per recipient (a deleted contact: no row, the email fails).
+    LEFT JOIN LATERAL (
+        SELECT * FROM contacts WHERE id = s.contact_id AND team_id = s.team_id
+    ) c ON true
     CROSS JOIN LATERAL (
         SELECT $19 || translate(encode(s.message || substring(
                    sha256($18::bytea || sha256($17::bytea || s.message)) FROM 1 FOR 16),
@@ -182,7 +183,7 @@ WITH b AS (
     ON CONFLICT (broadcast_id, contact_id) WHERE broadcast_id IS NOT NULL DO NOTHING
     RETURNING id, team_id, to_addresses, subject, contact_id
 ), queued AS MATERIALIZED (
-    SELECT i.*, x.event_id FROM inserted i JOIN rendered x ON x.email_id = i.id
+    SELECT i.*, gen_random_uuid() AS event_id FROM inserted i
 ), email_event AS (
     INSERT INTO email_events (id, email_id, team_id, type, recipient, provider)
     SELECT event_id, id, team_id, 'queued', to_addresses[1], $16 FROM queued

@@ -46,13 +46,14 @@ CREATE INDEX broadcasts_due ON broadcasts ((coalesce(scheduled_at, queued_at)))
     WHERE status IN ('queued', 'scheduled');
 
 -- The eligible members of a broadcast's segment when its fanout began,
--- numbered from 1: the fanout's cursor walks these positions.
+-- numbered from 1: the fanout's cursor walks these positions. A contact is
+-- in it once (it comes from the segment's primary key); what guards against
+-- a second email is the unique index on emails below.
 CREATE TABLE broadcast_recipients (
     broadcast_id  uuid NOT NULL REFERENCES broadcasts (id) ON DELETE CASCADE,
     position      bigint NOT NULL,
     contact_id    uuid NOT NULL,
-    PRIMARY KEY (broadcast_id, position),
-    UNIQUE (broadcast_id, contact_id)
+    PRIMARY KEY (broadcast_id, position)
 );
 
 -- An email queued by a broadcast names it and its contact; the unique index
