@@ -19,8 +19,8 @@ import trio
 
 from tidings.config import Config
 from tidings.storage import retention as store
+from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
-from tidings.storage.rows import Queries
 
 log = logging.getLogger("tidings.retention")
 
@@ -31,19 +31,19 @@ class Sweep:
 
     name: str
     every: float
-    delete: Callable[[Queries], Awaitable[int]]
+    delete: Callable[[AsyncioConnection], Awaitable[int]]
 
 
 def sweeps(config: Config) -> list[Sweep]:
     batch = config.retention_batch_size
 
-    async def idempotency(conn: Queries) -> int:
+    async def idempotency(conn: AsyncioConnection) -> int:
         return await store.delete_idempotency_records(conn, batch)
 
-    async def events(conn: Queries) -> int:
+    async def events(conn: AsyncioConnection) -> int:
         return await store.delete_events(conn, config.event_retention_seconds, batch)
 
-    async def deliveries(conn: Queries) -> int:
+    async def deliveries(conn: AsyncioConnection) -> int:
         return await store.delete_deliveries(
             conn, config.webhook_delivery_retention_seconds, batch
         )
