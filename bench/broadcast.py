@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain", type=int, default=1, help="0: skip the drain")
     parser.add_argument("--batch-size", type=int, default=2000,
                         help="TIDINGS_BROADCAST_BATCH_SIZE of the service")
+    parser.add_argument("--provider", choices=("smtp", "sandbox"), default="smtp",
+                        help="sandbox: the fanout alone, no SMTP sending beside it (no drain)")
     parser.add_argument("--smtp-connections", type=int, default=16,
                         help="TIDINGS_SMTP_CONNECTIONS of the service")
 
@@ -145,7 +147,7 @@ async def measure(
             "seconds_server": round(server_seconds, 3),
             "queued_per_s": round(got["queued_count"] / server_seconds),
         }
-        if not args.drain:
+        if not args.drain or args.provider == "sandbox":
             return {"fanout": fanout}
         total = got["queued_count"]
         await sink.wait_for(before + total, within=1800)
@@ -164,7 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     try:
         env = {
             "TIDINGS_RATE_LIMIT_PER_SECOND": "0",
-            "TIDINGS_EMAIL_PROVIDER": "smtp",
+            "TIDINGS_EMAIL_PROVIDER": args.provider,
             "TIDINGS_SMTP_URL": f"smtp://127.0.0.1:{sink.port}?starttls=off",
             "TIDINGS_SMTP_CONNECTIONS": str(args.smtp_connections),
             "TIDINGS_MAIL_HOST": "mx.bench.example",
@@ -180,5 +182,6 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             service.stop()
     finally:
         sink.stop()
-    return {"bench": "broadcast", "contacts": args.contacts, "batch_size": args.batch_size,
+    return {"bench": "broadcast", "provider": args.provider, "contacts": args.contacts,
+            "batch_size": args.batch_size,
             **results, "service_peak_rss_mb": peak_rss_mb}
