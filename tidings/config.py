@@ -325,9 +325,6 @@ class Config:
     email_lease_seconds: float = 60.0
     # How often each process looks for due emails it was not told about.
     email_poll_seconds: float = 1.0
-
-    # Broadcast fanout: recipients queued per statement, and how long a
-    # broadcast's fanout belongs to its process before another may take it over.
     broadcast_batch_size: int = 2000
     broadcast_lease_seconds: float = 30.0
 
@@ -394,9 +391,7 @@ class Config:
             email_lease_seconds=_float(env, "TIDINGS_EMAIL_LEASE_SECONDS", 60.0, minimum=1),
             email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
             broadcast_batch_size=_int(env, "TIDINGS_BROADCAST_BATCH_SIZE", 2000, minimum=1),
-            broadcast_lease_seconds=_float(
-                env, "TIDINGS_BROADCAST_LEASE_SECONDS", 30.0, minimum=1
-            ),
+            broadcast_lease_seconds=_float(env, "TIDINGS_BROADCAST_LEASE_SECONDS", 30, minimum=1),
             smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
             reports_secret=(env.get("TIDINGS_REPORTS_SECRET") or "").strip() or None,
             log_level=(env.get("TIDINGS_LOG_LEVEL") or "INFO").upper(),
