@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from bench import api, email, importing, overload, render, sms, smtp, webhooks
+from bench import api, broadcast, email, importing, overload, render, sms, smtp, webhooks
 from bench.harness import HarnessError, log
 
 
@@ -27,6 +27,7 @@ class Benchmark(Protocol):
 
 BENCHMARKS: dict[str, Benchmark] = {
     "api": api,
+    "broadcast": broadcast,
     "email": email,
     "import": importing,
     "overload": overload,

@@ -113,6 +113,8 @@ class Config:
     email_lease_seconds: float = 60.0
     # How often each process looks for due emails it was not told about.
     email_poll_seconds: float = 1.0
+    broadcast_batch_size: int = 2000
+    broadcast_lease_seconds: float = 30.0
 
     # Seconds between the attempts of an SMS the provider did not take (429, 5xx).
     sms_retry_schedule: tuple[float, ...] = (5, 30, 120, 600, 1800)
@@ -189,6 +191,8 @@ class Config:
             email_concurrency=_int(env, "TIDINGS_EMAIL_CONCURRENCY", 64, minimum=1),
             email_lease_seconds=_float(env, "TIDINGS_EMAIL_LEASE_SECONDS", 60.0, minimum=1),
             email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
+            broadcast_batch_size=_int(env, "TIDINGS_BROADCAST_BATCH_SIZE", 2000, minimum=1),
+            broadcast_lease_seconds=_float(env, "TIDINGS_BROADCAST_LEASE_SECONDS", 30, minimum=1),
             smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
             reports_secret=(env.get("TIDINGS_REPORTS_SECRET") or "").strip() or None,
             sms_retry_schedule=_schedule(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import trio
 
+from tidings.actors.broadcasts import Broadcasts, start_broadcasts
 from tidings.actors.emails import Emails, start_emails
 from tidings.actors.idempotency import IdempotencyKeys, start_idempotency
 from tidings.actors.retention import start_retention
@@ -45,6 +46,7 @@ class Service:
     runtime: Runtime
     emails: Emails
     sms: SmsSide
+    broadcasts: Broadcasts
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Actors:
     webhooks: Webhooks
     emails: Emails
     sms: SmsSide
+    broadcasts: Broadcasts
 
 
 def start_actors(
@@ -79,10 +82,12 @@ def start_actors(
     webhooks = start_webhooks(runtime, db, config, guard)
     runtime.singleton("retention", start_retention(db, config))
     emails = start_emails(runtime, db, config, email_provider)
+    broadcasts = start_broadcasts(runtime, db, config, emails)
     runtime.singleton("domain-recheck", lambda: recheck_domains(db, config))
     sms = start_sms(runtime, db, config, sms_provider)
     return Actors(
-        tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails, sms=sms
+        tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails, sms=sms,
+        broadcasts=broadcasts,
     )
 
 
@@ -120,6 +125,7 @@ async def open_service(
                         runtime=runtime,
                         emails=actors.emails,
                         sms=actors.sms,
+                        broadcasts=actors.broadcasts,
                     )
                 finally:
                     stopping.deadline = trio.current_time() + config.shutdown_grace_seconds

@@ -16,6 +16,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from tidings.http import (
+    broadcasts,
     contact_import,
     contact_properties,
     contacts,
@@ -35,6 +36,7 @@ from tidings.http import (
     templates,
     tokens,
     topics,
+    unsubscribe,
     webhooks,
 )
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
@@ -72,6 +74,8 @@ GROUPS: tuple[Routes, ...] = (
     sms.routes,
     sms_list.routes,
     providers_twilio.routes,
+    broadcasts.routes,
+    unsubscribe.routes,
 )
 
 HTTP_CODES = {

@@ -1,0 +1,60 @@
+"""Helpers of the broadcast tests: drive a fanout by hand, read what it queued."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID, uuid4
+
+import trio
+
+from tidings.actors.broadcasts import FanoutActor
+from tidings.service import Service
+from tidings.storage import broadcasts as store
+
+
+async def hold(service: Service, broadcast_id: str) -> UUID:
+    """Lease the broadcast to a made-up process for an hour: its actor cannot take it."""
+    owner = uuid4()
+    async with service.db.acquire() as conn:
+        await conn.execute(
+            "UPDATE broadcasts SET lease_owner = $2, leased_until = now() + interval '1 hour' "
+            "WHERE id = $1", UUID(broadcast_id), owner,
+        )
+    return owner
+
+
+async def batch_args(service: Service, broadcast_id: str, owner: UUID, size: int) -> list[Any]:
+    """The batch statement's arguments as the actor builds them, ``size`` per batch."""
+    async with service.db.acquire() as conn:
+        team_id = await conn.fetchval(
+            "SELECT team_id FROM broadcasts WHERE id = $1", UUID(broadcast_id)
+        )
+        found = await store.get(conn, team_id, UUID(broadcast_id))
+    assert found is not None
+    args = await FanoutActor(UUID(broadcast_id), service.broadcasts)._batch_args(
+        found, "acme.example"
+    )
+    args[1], args[2] = owner, size
+    return args
+
+
+async def wait_status(
+    service: Service, broadcast_id: str, *statuses: str, within: float = 20
+) -> str:
+    with trio.fail_after(within):
+        while True:
+            async with service.db.acquire() as conn:
+                status: str = await conn.fetchval(
+                    "SELECT status FROM broadcasts WHERE id = $1", UUID(broadcast_id)
+                )
+            if status in statuses:
+                return status
+            await trio.sleep(0.05)
+
+
+async def emails_of(service: Service, broadcast_id: str) -> list[Any]:
+    async with service.db.acquire() as conn:
+        return list(await conn.fetch(
+            "SELECT id, contact_id, to_addresses, subject, html, text, headers::text, status "
+            "FROM emails WHERE broadcast_id = $1", UUID(broadcast_id),
+        ))

@@ -1,0 +1,131 @@
+"""Fanout: the counting rules, rendering, the snapshot, cancel mid-way, failures."""
+
+from __future__ import annotations
+
+import json
+from uuid import UUID, uuid4
+
+import httpx
+
+from tests.broadcasts.conftest import Audience, add_contact, draft
+from tests.broadcasts.helpers import batch_args, emails_of, hold, wait_status
+from tests.email.helpers import ok
+from tidings.service import Service
+from tidings.storage import broadcasts_fanout as fanout
+
+
+async def test_counting_rules_and_rendering(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    body = draft(audience, topic_id=audience.topic_id, text="Hi {{{first_name}}} & co",
+                 preview_text="Spring <sale>")
+    bid = ok(await client.post("/broadcasts", json=body), 201)["id"]
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    await wait_status(service, bid, "sent")
+    done = ok(await client.get(f"/broadcasts/{bid}"))
+    # carl unsubscribed, dora suppressed, eve without email, finn opted out of the topic.
+    assert (done["audience_count"], done["suppressed_count"], done["eligible_count"]) == (6, 4, 2)
+    assert (done["queued_count"], done["failed_count"]) == (2, 0)
+    emails = {e["to_addresses"][0]: e for e in await emails_of(service, bid)}
+    assert set(emails) == {"ada@example.com", "bob@example.com"}
+    ada = emails["ada@example.com"]
+    assert ada["subject"] == "Hello Ada" and ada["text"] == "Hi Ada & co"
+    assert "<p>Hi Ada, 20% off</p>" in ada["html"] and "Spring &lt;sale&gt;" in ada["html"]
+    headers = json.loads(ada["headers"])
+    link = headers["List-Unsubscribe"][1:-1]
+    assert headers["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert link.startswith("http://127.0.0.1:8080/unsubscribe/") and f'href="{link}"' in ada["html"]
+    events = ok(await client.get("/events", params={"type": "broadcast.sent"}))["data"]
+    assert [e["data"]["broadcast_id"] for e in events] == [bid]
+
+
+async def test_missing_values_fail_only_their_email_and_escape_html(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    await add_contact(client, audience.segment_id, email="x@example.com", first_name="<b>X</b>")
+    body = draft(audience, html="<p>{{{first_name}}} {{{last_name}}}</p>", subject="Hi",
+                 variable_bindings={})
+    bid = ok(await client.post("/broadcasts", json=body), 201)["id"]
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    await wait_status(service, bid, "sent")
+    done = ok(await client.get(f"/broadcasts/{bid}"))
+    # Nobody has a last_name and nothing binds it: every eligible email fails.
+    assert (done["eligible_count"], done["queued_count"], done["failed_count"]) == (4, 0, 4)
+    ok(await client.patch(f"/contacts/{audience.contacts['ada']}", json={"last_name": "L"}))
+    body["variable_bindings"] = {"last_name": ""}
+    bid = ok(await client.post("/broadcasts", json=body), 201)["id"]
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    await wait_status(service, bid, "sent")
+    html = {e["to_addresses"][0]: e["html"] for e in await emails_of(service, bid)}
+    assert html["ada@example.com"] == "<p>Ada L</p>"
+    assert html["x@example.com"] == "<p>&lt;b&gt;X&lt;/b&gt; </p>"
+
+
+async def test_snapshot_and_cancel_during_fanout(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
+    owner = await hold(service, bid)
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    snap = await service.db.run(fanout.snapshot, UUID(bid), owner)
+    assert snap.eligible == 3
+    # A contact that joins the segment after the snapshot is not part of it.
+    await add_contact(client, audience.segment_id, email="late@example.com", first_name="L")
+    args = await batch_args(service, bid, owner, 1)
+    first = await service.db.run(fanout.queue_batch, args)
+    assert (first.held, first.queued) == (True, 1)
+    assert ok(await client.get(f"/broadcasts/{bid}"))["queued_count"] == 1
+    canceled = ok(await client.post(f"/broadcasts/{bid}/cancel"))
+    assert canceled["status"] == "canceled" and canceled["queued_count"] == 1
+    after = await service.db.run(fanout.queue_batch, args)
+    assert after.held is False and after.queued == 0
+    assert len(await emails_of(service, bid)) == 1
+    assert ok(await client.get(f"/broadcasts/{bid}"))["queued_count"] == 1
+
+
+async def test_resume_never_queues_twice(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
+    owner = await hold(service, bid)
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    await service.db.run(fanout.snapshot, UUID(bid), owner)
+    args = await batch_args(service, bid, owner, 2)
+    await service.db.run(fanout.queue_batch, args)
+    # The process dies; its lease ends; this process takes over from the cursor.
+    async with service.db.acquire() as conn:
+        await conn.execute("UPDATE broadcasts SET leased_until = now() - interval '1 second'")
+    await wait_status(service, bid, "sent")
+    emails = await emails_of(service, bid)
+    assert len(emails) == len({e["contact_id"] for e in emails}) == 3
+    assert ok(await client.get(f"/broadcasts/{bid}"))["queued_count"] == 3
+
+
+async def test_failures_mark_the_broadcast_failed_with_an_event(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
+    owner = await hold(service, bid)
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    async with service.db.acquire() as conn:
+        await conn.execute("DELETE FROM segments WHERE id = $1", UUID(audience.segment_id))
+        await conn.execute("UPDATE broadcasts SET lease_owner = NULL, leased_until = NULL")
+    assert owner is not None
+    await wait_status(service, bid, "failed")
+    failed = ok(await client.get(f"/broadcasts/{bid}"))
+    assert "segment" in failed["failure_reason"]
+    events = ok(await client.get("/events", params={"type": "broadcast.failed"}))["data"]
+    assert [e["data"]["broadcast_id"] for e in events] == [bid]
+
+
+async def test_give_up_marks_failed(service: Service, client: httpx.AsyncClient,
+                                    audience: Audience) -> None:
+    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
+    await hold(service, bid)
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    supervisor = service.broadcasts.fanout
+    assert supervisor is not None and supervisor.work.on_give_up is not None
+    await supervisor.work.on_give_up(UUID(bid), RuntimeError("boom"))
+    failed = ok(await client.get(f"/broadcasts/{bid}"))
+    assert failed["status"] == "failed" and "boom" in failed["failure_reason"]
+    assert await service.db.run(fanout.fail, uuid4(), "none") is None

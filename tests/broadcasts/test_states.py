@@ -1,0 +1,102 @@
+"""The broadcast state table: every move it allows, and 409 for the others."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+from tests.broadcasts.conftest import Audience, draft
+from tests.broadcasts.helpers import hold, wait_status
+from tests.conftest import assert_error
+from tests.email.helpers import ok
+from tidings.service import Service
+
+
+def later(seconds: float) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
+
+
+async def make(client: httpx.AsyncClient, audience: Audience) -> str:
+    return str(ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"])
+
+
+async def test_send_now_queues_and_fanout_makes_it_sent(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid = await make(client, audience)
+    sent = ok(await client.post(f"/broadcasts/{bid}/send"))
+    assert sent["status"] == "queued" and sent["queued_at"] and sent["revision"] == 2
+    assert await wait_status(service, bid, "sent") == "sent"
+    done = ok(await client.get(f"/broadcasts/{bid}"))
+    assert done["sent_at"] >= done["queued_at"] and done["revision"] > 2
+    # Every later move is refused.
+    for move in ("send", "cancel"):
+        assert_error(await client.post(f"/broadcasts/{bid}/{move}"), 409, "CONFLICT")
+    assert_error(await client.patch(f"/broadcasts/{bid}", json={"name": "x"}), 409, "CONFLICT")
+    assert_error(await client.delete(f"/broadcasts/{bid}"), 409, "CONFLICT")
+
+
+async def test_schedule_then_cancel_returns_to_draft(
+    client: httpx.AsyncClient, audience: Audience
+) -> None:
+    bid = await make(client, audience)
+    at = later(3600)
+    scheduled = ok(await client.post(f"/broadcasts/{bid}/send", json={"scheduled_at": at}))
+    assert scheduled["status"] == "scheduled" and scheduled["queued_at"] is None
+    assert datetime.fromisoformat(scheduled["scheduled_at"]) == datetime.fromisoformat(at)
+    assert_error(await client.post(f"/broadcasts/{bid}/send"), 409, "CONFLICT")
+    assert_error(await client.patch(f"/broadcasts/{bid}", json={"name": "x"}), 409, "CONFLICT")
+    assert_error(await client.delete(f"/broadcasts/{bid}"), 409, "CONFLICT")
+    back = ok(await client.post(f"/broadcasts/{bid}/cancel"))
+    assert back["status"] == "draft" and back["scheduled_at"] is None
+    assert back["revision"] == 3
+    assert ok(await client.patch(f"/broadcasts/{bid}", json={"name": "again"}))["revision"] == 4
+
+
+async def test_past_schedule_is_422_and_draft_cancel_is_409(
+    client: httpx.AsyncClient, audience: Audience
+) -> None:
+    bid = await make(client, audience)
+    past = await client.post(f"/broadcasts/{bid}/send", json={"scheduled_at": later(-60)})
+    assert "future" in assert_error(past, 422, "UNPROCESSABLE_ENTITY")
+    naive = await client.post(
+        f"/broadcasts/{bid}/send", json={"scheduled_at": "2099-01-01T00:00:00"}
+    )
+    assert_error(naive, 400, "BAD_REQUEST")
+    assert_error(await client.post(f"/broadcasts/{bid}/cancel"), 409, "CONFLICT")
+    assert ok(await client.get(f"/broadcasts/{bid}"))["revision"] == 1
+
+
+async def test_cancel_of_queued_is_canceled_and_final(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid = await make(client, audience)
+    await hold(service, bid)  # another process's fanout that has not begun
+    assert ok(await client.post(f"/broadcasts/{bid}/send"))["status"] == "queued"
+    canceled = ok(await client.post(f"/broadcasts/{bid}/cancel"))
+    assert canceled["status"] == "canceled" and canceled["canceled_at"]
+    assert canceled["revision"] == 3 and canceled["queued_count"] == 0
+    for move in ("send", "cancel"):
+        assert_error(await client.post(f"/broadcasts/{bid}/{move}"), 409, "CONFLICT")
+    assert_error(await client.delete(f"/broadcasts/{bid}"), 409, "CONFLICT")
+
+
+async def test_delete_draft(client: httpx.AsyncClient, audience: Audience) -> None:
+    bid = await make(client, audience)
+    response = await client.delete(f"/broadcasts/{bid}")
+    assert response.status_code == 204 and response.content == b""
+    assert_error(await client.get(f"/broadcasts/{bid}"), 404, "NOT_FOUND")
+
+
+async def test_scheduled_broadcast_starts_on_time(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid = await make(client, audience)
+    at = datetime.now(UTC) + timedelta(seconds=2)
+    ok(await client.post(f"/broadcasts/{bid}/send", json={"scheduled_at": at.isoformat()}))
+    await wait_status(service, bid, "sent", within=10)
+    done = ok(await client.get(f"/broadcasts/{bid}"))
+    queued_at = datetime.fromisoformat(done["queued_at"])
+    assert at <= queued_at < at + timedelta(seconds=2.5), (at, queued_at)
+    assert done["queued_count"] == 3  # no topic: finn is eligible too

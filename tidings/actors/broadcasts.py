@@ -1,0 +1,202 @@
+"""Broadcast fanout on the runtime: one actor per broadcast with fanout to do.
+
+Due work ``broadcast-fanout`` (``tidings.actors.duework``): a broadcast is
+due while it is ``queued``, or ``scheduled`` and its time has come. Sending
+one NOTIFYs every process; the dispatchers also poll every second, so a
+scheduled broadcast starts within about a second of its time, and one whose
+process died is taken up when its lease ends.
+
+The actor of a broadcast leases it (so one process at a time works on it),
+promotes it from scheduled to queued, takes the audience snapshot, and
+queues its emails batch by batch (``tidings.storage.broadcasts_fanout``),
+each batch one statement in one transaction with the team's quota claim.
+A batch that finds the broadcast canceled, or its lease taken, ends the
+actor; the last one makes it ``sent``. What cannot go on (the segment or
+topic is gone, the domain is no longer verified, the quota is used up)
+makes it ``failed``; so does a crash that repeats more than
+``INTENSITY.restarts`` times within ``INTENSITY.within`` seconds, through
+the supervisor's ``on_give_up``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from uuid import UUID, uuid4
+
+import trio
+
+from tidings.actors.duework import Due, DueWork, Wake
+from tidings.actors.emails import Emails
+from tidings.actors.mailbox import Mailbox
+from tidings.actors.policy import Intensity
+from tidings.actors.runtime import Runtime
+from tidings.actors.supervisor import Actor
+from tidings.addresses import Mailbox as Sender
+from tidings.config import Config
+from tidings.storage import broadcasts_fanout as fanout
+from tidings.storage.broadcasts import DUE_CHANNEL, Broadcast
+from tidings.storage.broadcasts_render import Plan
+from tidings.storage.broadcasts_unsubscribe import service_key
+from tidings.storage.db import Database
+from tidings.storage.domains import sending_domain
+from tidings.storage.quotas import QuotaExceeded
+from tidings.unsubscribe import KEY_NAME, TokenKey, unsubscribe_url
+
+log = logging.getLogger("tidings.broadcasts")
+
+INTENSITY = Intensity(restarts=5, within=60.0)
+IDLE_SECONDS = 30.0
+
+
+class Broadcasts:
+    """The broadcast side of one process: its fanout and the unsubscribe key."""
+
+    def __init__(self, db: Database, config: Config, emails: Emails) -> None:
+        self.db = db
+        self.config = config
+        self.emails = emails
+        # Leases this process writes carry this id.
+        self.owner = uuid4()
+        self.fanout: Due[UUID] | None = None
+        self._key: TokenKey | None = None
+        self._key_lock = trio.Lock()
+
+    async def token_key(self) -> TokenKey:
+        """The unsubscribe signing key: from TIDINGS_SECRET_KEY, else the one
+        kept in the database (made by the first process that needs it)."""
+        async with self._key_lock:
+            if self._key is None:
+                if self.config.secret_key is not None:
+                    self._key = TokenKey.derived(self.config.secret_key)
+                else:
+                    raw = await self.db.run(service_key, KEY_NAME, secrets.token_bytes(32))
+                    self._key = TokenKey(raw)
+            return self._key
+
+    def wake(self, broadcast_id: UUID) -> None:
+        if self.fanout is not None:
+            self.fanout.wake(broadcast_id)
+
+    async def fail(self, broadcast_id: UUID, reason: str) -> None:
+        failed = await self.db.run(fanout.fail, broadcast_id, reason)
+        if failed is not None:
+            log.warning("broadcast %s failed: %s", broadcast_id, reason)
+
+
+class FanoutActor(Actor[Wake]):
+    """The actor of one broadcast."""
+
+    idle_timeout = IDLE_SECONDS
+
+    def __init__(self, broadcast_id: UUID, broadcasts: Broadcasts) -> None:
+        self._id = broadcast_id
+        self._b = broadcasts
+
+    async def run(self, mailbox: Mailbox[Wake]) -> None:
+        while await mailbox.next() is not None:
+            while not mailbox.stopping:
+                wait = await self._work(mailbox)
+                if wait is None or wait > IDLE_SECONDS:
+                    break  # the dispatcher's poll wakes it when it is due
+                await mailbox.sleep(max(wait, 0.01))
+
+    async def _work(self, mailbox: Mailbox[Wake]) -> float | None:
+        """Fan out if the broadcast is ours to; else seconds until it is due
+        (None: nothing to wait for)."""
+        b = self._b
+        claimed = await b.db.run(fanout.claim, self._id, b.owner, b.config.broadcast_lease_seconds)
+        if claimed is None:
+            return await b.db.run(fanout.seconds_to_next_due, self._id)
+        try:
+            await self._fan_out(claimed, mailbox)
+        except BaseException:
+            # Crashed or cut short: hand the broadcast on now, not when the
+            # lease ends (the cursor is in the database).
+            with trio.move_on_after(2, shield=True):
+                await b.db.run(fanout.release, self._id, b.owner)
+            raise
+        return None
+
+    async def _fan_out(self, claimed: fanout.Claimed, mailbox: Mailbox[Wake]) -> None:
+        b, broadcast = self._b, claimed.broadcast
+        if broadcast.status == "scheduled":
+            promoted = await b.db.run(fanout.promote, self._id, b.owner)
+            if promoted is None:
+                return
+            broadcast = promoted
+        if not claimed.snapshotted:
+            snap = await b.db.run(fanout.snapshot, self._id, b.owner)
+            if not snap.held:
+                return
+            if not snap.segment_found:
+                return await b.fail(self._id, "the broadcast's segment no longer exists")
+            if not snap.topic_found:
+                return await b.fail(self._id, "the broadcast's topic no longer exists")
+        domain = await b.db.run(
+            sending_domain, broadcast.team_id, broadcast.from_email.rpartition("@")[2]
+        )
+        if domain is None:
+            return await b.fail(
+                self._id, "from_email is not on a verified sending domain of the team"
+            )
+        args = await self._batch_args(broadcast, domain.name)
+        while not mailbox.stopping:
+            try:
+                done = await b.db.run(
+                    fanout.queue_counted, args, broadcast.team_id, b.config.quotas
+                )
+            except QuotaExceeded as exceeded:
+                return await b.fail(self._id, f"team quota exhausted: {exceeded}")
+            if not done.held:
+                return  # canceled, or no longer ours
+            if done.handled < b.config.broadcast_batch_size:
+                finished = await b.db.run(fanout.finish, self._id, b.owner)
+                if finished is not None:
+                    log.info("broadcast %s sent: %d queued, %d failed", self._id,
+                             finished.queued_count, finished.failed_count)
+                return
+        await b.db.run(fanout.release, self._id, b.owner)
+
+    async def _batch_args(self, broadcast: Broadcast, domain: str) -> list[object]:
+        b = self._b
+        fallbacks = await b.db.run(fanout.property_fallbacks, broadcast.team_id)
+        plan = Plan.of(
+            broadcast.subject, broadcast.html, broadcast.text, broadcast.preview_text,
+            broadcast.variable_bindings, fallbacks,
+        )
+        key = await b.token_key()
+        sender = Sender(broadcast.from_name, broadcast.from_email).formatted
+        reply_to = [broadcast.reply_to_email] if broadcast.reply_to_email else []
+        return [
+            self._id, b.owner, b.config.broadcast_batch_size, b.config.broadcast_lease_seconds,
+            *plan.args(),
+            sender, broadcast.from_email, reply_to, domain, b.emails.provider.name,
+            key.inner, key.outer, unsubscribe_url(b.config.public_url, ""),
+        ]
+
+
+def start_broadcasts(
+    runtime: Runtime, db: Database, config: Config, emails: Emails
+) -> Broadcasts:
+    """Register the fanout with the runtime: one actor per broadcast with work."""
+    broadcasts = Broadcasts(db, config, emails)
+
+    async def give_up(broadcast_id: UUID, error: Exception) -> None:
+        await broadcasts.fail(
+            broadcast_id, f"the fanout failed repeatedly: {type(error).__name__}: {error}"
+        )
+
+    broadcasts.fanout = runtime.due(
+        DueWork(
+            name="broadcast-fanout",
+            channel=DUE_CHANNEL,
+            due=fanout.due_broadcasts,
+            parse=UUID,
+            actor=lambda broadcast_id: FanoutActor(broadcast_id, broadcasts),
+            poll_seconds=1.0,
+            intensity=INTENSITY,
+            on_give_up=give_up,
+        )
+    )
+    return broadcasts
