@@ -59,3 +59,5 @@ class RawContent:
 
     media_type: str
     schema: dict[str, Any]
+    # Other media types the route answers, chosen by the request's Accept.
+    also: tuple[tuple[str, dict[str, Any]], ...] = ()

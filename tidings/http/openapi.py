@@ -94,6 +94,8 @@ def error_statuses(route: Route) -> list[int]:
     statuses = {500, 503}
     if route.path_params or route.query is not None or not route.public:
         statuses.add(400)
+    if route.public and route.path_params:
+        statuses.add(404)
     if route.public and route.method in MUTATING:
         # Provider callbacks: a refused signature or secret, an oversized body,
         # a report that is not one.
@@ -150,7 +152,12 @@ def _operation(route: Route, refs: dict[tuple[str, str], dict[str, Any]]) -> dic
     elif isinstance(route.response, RawContent):
         responses[str(route.status)] = {
             "description": route.summary,
-            "content": {route.response.media_type: {"schema": route.response.schema}},
+            "content": {
+                media_type: {"schema": schema}
+                for media_type, schema in (
+                    (route.response.media_type, route.response.schema), *route.response.also
+                )
+            },
         }
     else:
         data = (

@@ -21,6 +21,7 @@ from quart import Response, request
 
 from tidings.fields import FieldError
 from tidings.http.envelope import ApiError, json_response, success_body
+from tidings.http.models import RawContent
 from tidings.http.parsing import read_body
 from tidings.http.routing import Routes
 from tidings.phones import parse_phone
@@ -76,7 +77,7 @@ async def twilio_status(service: Service) -> Response:
 
 @routes.route(
     "POST", "/providers/twilio/inbound", summary="Twilio inbound message (X-Twilio-Signature)",
-    public=True, raw_body=FORM,
+    public=True, raw_body=FORM, response=RawContent("text/xml", {"type": "string"}),
 )
 async def twilio_inbound(service: Service) -> Response:
     form = await signed_form(service)

@@ -17,6 +17,7 @@ import html
 from quart import Response, request
 
 from tidings.http.envelope import ApiError, json_response, success_body
+from tidings.http.models import RawContent
 from tidings.http.routing import Routes
 from tidings.service import Service
 from tidings.storage import broadcasts_unsubscribe as store
@@ -62,7 +63,7 @@ async def _what(service: Service, found: Unsubscribe) -> str:
 
 @routes.route(
     "GET", "/unsubscribe/{token}", summary="The unsubscribe page of a broadcast email's link",
-    public=True, path_types=TOKEN,
+    public=True, path_types=TOKEN, response=RawContent("text/html", {"type": "string"}),
 )
 async def unsubscribe_page(service: Service, token: str) -> Response:
     found = await _verified(service, token)
@@ -77,6 +78,9 @@ async def unsubscribe_page(service: Service, token: str) -> Response:
 @routes.route(
     "POST", "/unsubscribe/{token}", summary="Unsubscribe (one-click, RFC 8058)",
     public=True, path_types=TOKEN,
+    response=RawContent(
+        "application/json", {"type": "object"}, also=(("text/html", {"type": "string"}),)
+    ),
 )
 async def unsubscribe(service: Service, token: str) -> Response:
     found = await _verified(service, token)

@@ -314,7 +314,7 @@ async def open_database(config: Config, *, run_migrations: bool = True) -> Async
 
 
 async def run_on(
-    conn: Connection,
+    conn: object,
     unit: Callable[Concatenate[AsyncioConnection, P], Awaitable[T]],
     *args: P.args,
     **kwargs: P.kwargs,
