@@ -52,7 +52,10 @@ async def generate(http: httpx.AsyncClient, where: Path) -> Any:
 
 
 def _operation(package: Any, tag: str, operation_id: str) -> Any:
-    return importlib.import_module(f"{package.__name__}.api.{tag}.{operation_id}")
+    """The generated module of an operation, in whichever folder its tag became."""
+    api = Path(package.__file__).parent / "api"
+    [folder] = [found.parent.name for found in api.glob(f"*/{operation_id}.py")]
+    return importlib.import_module(f"{package.__name__}.api.{folder}.{operation_id}")
 
 
 async def test_a_generated_client_reads_every_list_route(
@@ -97,6 +100,9 @@ async def test_a_generated_client_reads_every_list_route(
         ref = schema.get("properties", {}).get("data", {}).get("$ref", "")
         if not ref.endswith("List"):
             continue
+        listing = document["components"]["schemas"][ref.rpartition("/")[2]]
+        if "has_more" not in listing["properties"]:
+            continue  # an email's events: {object, data} as the spec shows
         tag = operation["tags"][0].lower().replace(" ", "_")
         module = _operation(package, tag, operation["operationId"])
         params = {name: ids[name] for name in ids if "{" + name + "}" in path}
@@ -107,7 +113,8 @@ async def test_a_generated_client_reads_every_list_route(
         assert isinstance(page.data, list) and isinstance(page.has_more, bool), path
         listed += 1
     names = [
-        getattr(route.response, "__name__", "") for route in all_routes() if route.method == "GET"
+        getattr(route.response, "__name__", "") for route in all_routes()
+        if route.method == "GET" and "has_more" in getattr(route.response, "model_fields", {})
     ]
     assert listed == sum(1 for name in names if name.endswith("List"))
     assert listed >= 15
