@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json_schema
@@ -79,14 +79,21 @@ def _is_model(value: Any) -> bool:
 
 
 def _names_ids(route: Route) -> bool:
-    """Whether the query or body names other resources (a missing one is 404)."""
-    fields = [
-        name
-        for model in (route.query, route.body)
-        if model is not None
-        for name in model.model_fields
-    ]
-    return any(name.endswith(("_id", "_ids")) for name in fields)
+    """Whether the query or body names other resources (a missing one is 404):
+    a field ``*_id``/``*_ids``, or an object with an ``id`` (``template: {id}``)."""
+    for model in (route.query, route.body):
+        if model is None:
+            continue
+        for name, field in model.model_fields.items():
+            if name.endswith(("_id", "_ids")):
+                return True
+            nested = [
+                kind for kind in (field.annotation, *get_args(field.annotation))
+                if _is_model(kind)
+            ]
+            if any("id" in kind.model_fields for kind in nested):
+                return True
+    return False
 
 
 def error_statuses(route: Route) -> list[int]:
