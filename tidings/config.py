@@ -115,6 +115,7 @@ class Config:
     email_poll_seconds: float = 1.0
     broadcast_batch_size: int = 2000
     broadcast_lease_seconds: float = 30.0
+    broadcast_connections: int = 2
 
     # Seconds between the attempts of an SMS the provider did not take (429, 5xx).
     sms_retry_schedule: tuple[float, ...] = (5, 30, 120, 600, 1800)
@@ -193,6 +194,7 @@ class Config:
             email_poll_seconds=_float(env, "TIDINGS_EMAIL_POLL_SECONDS", 1.0, minimum=0.05),
             broadcast_batch_size=_int(env, "TIDINGS_BROADCAST_BATCH_SIZE", 2000, minimum=1),
             broadcast_lease_seconds=_float(env, "TIDINGS_BROADCAST_LEASE_SECONDS", 30, minimum=1),
+            broadcast_connections=_int(env, "TIDINGS_BROADCAST_CONNECTIONS", 2, minimum=1),
             smtp_connections=_int(env, "TIDINGS_SMTP_CONNECTIONS", 8, minimum=1),
             reports_secret=(env.get("TIDINGS_REPORTS_SECRET") or "").strip() or None,
             sms_retry_schedule=_schedule(

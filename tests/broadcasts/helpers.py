@@ -23,8 +23,8 @@ async def hold(service: Service, broadcast_id: str) -> UUID:
     return owner
 
 
-async def batch_args(service: Service, broadcast_id: str, owner: UUID, size: int) -> list[Any]:
-    """The batch statement's arguments as the actor builds them, ``size`` per batch."""
+async def batch_args(service: Service, broadcast_id: str, owner: UUID) -> list[Any]:
+    """The batch statement's arguments as the actor builds them, for ``owner``."""
     async with service.db.acquire() as conn:
         team_id = await conn.fetchval(
             "SELECT team_id FROM broadcasts WHERE id = $1", UUID(broadcast_id)
@@ -34,7 +34,7 @@ async def batch_args(service: Service, broadcast_id: str, owner: UUID, size: int
     args = await FanoutActor(UUID(broadcast_id), service.broadcasts)._batch_args(
         found, "acme.example"
     )
-    args[1], args[2] = owner, size
+    args[1] = owner
     return args
 
 

@@ -67,11 +67,11 @@ async def test_snapshot_and_cancel_during_fanout(
     bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
     owner = await hold(service, bid)
     ok(await client.post(f"/broadcasts/{bid}/send"))
-    snap = await service.db.run(fanout.snapshot, UUID(bid), owner)
+    snap = await service.db.run(fanout.snapshot, UUID(bid), owner, 1)
     assert snap.eligible == 3
     # A contact that joins the segment after the snapshot is not part of it.
     await add_contact(client, audience.segment_id, email="late@example.com", first_name="L")
-    args = await batch_args(service, bid, owner, 1)
+    args = await batch_args(service, bid, owner)
     first = await service.db.run(fanout.queue_batch, args)
     assert (first.held, first.queued) == (True, 1)
     assert ok(await client.get(f"/broadcasts/{bid}"))["queued_count"] == 1
@@ -89,8 +89,8 @@ async def test_resume_never_queues_twice(
     bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
     owner = await hold(service, bid)
     ok(await client.post(f"/broadcasts/{bid}/send"))
-    await service.db.run(fanout.snapshot, UUID(bid), owner)
-    args = await batch_args(service, bid, owner, 2)
+    await service.db.run(fanout.snapshot, UUID(bid), owner, 2)
+    args = await batch_args(service, bid, owner)
     await service.db.run(fanout.queue_batch, args)
     # The process dies; its lease ends; this process takes over from the cursor.
     async with service.db.acquire() as conn:

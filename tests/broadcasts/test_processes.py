@@ -101,9 +101,9 @@ async def test_kill_9_mid_fanout_resumes_without_skips_or_repeats(
         async with serving(database_url, log):
             done = await wait_sent(conn, bid, within=120)
         recipients = await conn.fetchval(
-            "SELECT count(*) FROM broadcast_recipients r JOIN emails e "
-            "ON e.broadcast_id = r.broadcast_id AND e.contact_id = r.contact_id "
-            "WHERE r.broadcast_id = $1", bid,
+            "SELECT count(*) FROM broadcast_chunks k, unnest(k.contact_ids) r(contact_id) "
+            "JOIN emails e ON e.broadcast_id = $1 AND e.contact_id = r.contact_id "
+            "WHERE k.broadcast_id = $1", bid,
         )
     assert done["eligible_count"] == done["queued_count"] == 20_000
     assert done["emails"] == done["contacts"] == recipients == 20_000

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from dataclasses import dataclass
 from uuid import UUID, uuid4
 
 import trio
@@ -84,6 +85,14 @@ class Broadcasts:
             log.warning("broadcast %s failed: %s", broadcast_id, reason)
 
 
+@dataclass
+class _Ended:
+    """Why the batches of a fanout stopped early, as the first one to stop saw it."""
+
+    lost: bool = False  # canceled, or the lease taken over
+    failure: str | None = None
+
+
 class FanoutActor(Actor[Wake]):
     """The actor of one broadcast."""
 
@@ -126,7 +135,9 @@ class FanoutActor(Actor[Wake]):
                 return
             broadcast = promoted
         if not claimed.snapshotted:
-            snap = await b.db.run(fanout.snapshot, self._id, b.owner)
+            snap = await b.db.run(
+                fanout.snapshot, self._id, b.owner, b.config.broadcast_batch_size
+            )
             if not snap.held:
                 return
             if not snap.segment_found:
@@ -141,22 +152,43 @@ class FanoutActor(Actor[Wake]):
                 self._id, "from_email is not on a verified sending domain of the team"
             )
         args = await self._batch_args(broadcast, domain.name)
-        while not mailbox.stopping:
+        ended = _Ended()
+        async with trio.open_nursery() as nursery:
+            for _ in range(b.config.broadcast_connections):
+                nursery.start_soon(self._queue_chunks, broadcast, args, mailbox, ended)
+        if ended.failure is not None:
+            return await b.fail(self._id, ended.failure)
+        if ended.lost:
+            return  # canceled, or no longer ours
+        if mailbox.stopping:
+            await b.db.run(fanout.release, self._id, b.owner)
+            return
+        finished = await b.db.run(fanout.finish, self._id, b.owner)
+        if finished is not None:
+            log.info("broadcast %s sent: %d queued, %d failed", self._id,
+                     finished.queued_count, finished.failed_count)
+
+    async def _queue_chunks(
+        self, broadcast: Broadcast, args: list[object], mailbox: Mailbox[Wake],
+        ended: _Ended,
+    ) -> None:
+        """Queue chunks on one connection until none is left, a batch finds
+        the broadcast gone or over quota (``ended``), or the process stops."""
+        b = self._b
+        while not mailbox.stopping and not ended.lost and ended.failure is None:
             try:
                 done = await b.db.run(
-                    fanout.queue_counted, args, broadcast.team_id, b.config.quotas
+                    fanout.queue_counted, args, b.config.broadcast_lease_seconds,
+                    broadcast.team_id, b.config.quotas,
                 )
             except QuotaExceeded as exceeded:
-                return await b.fail(self._id, f"team quota exhausted: {exceeded}")
-            if not done.held:
-                return  # canceled, or no longer ours
-            if done.handled < b.config.broadcast_batch_size:
-                finished = await b.db.run(fanout.finish, self._id, b.owner)
-                if finished is not None:
-                    log.info("broadcast %s sent: %d queued, %d failed", self._id,
-                             finished.queued_count, finished.failed_count)
+                ended.failure = f"team quota exhausted: {exceeded}"
                 return
-        await b.db.run(fanout.release, self._id, b.owner)
+            if not done.held:
+                ended.lost = True
+                return
+            if not done.handled:
+                return  # every chunk is done or in another batch
 
     async def _batch_args(self, broadcast: Broadcast, domain: str) -> list[object]:
         b = self._b
@@ -169,8 +201,7 @@ class FanoutActor(Actor[Wake]):
         sender = Sender(broadcast.from_name, broadcast.from_email).formatted
         reply_to = [broadcast.reply_to_email] if broadcast.reply_to_email else []
         return [
-            self._id, b.owner, b.config.broadcast_batch_size, b.config.broadcast_lease_seconds,
-            *plan.args(),
+            self._id, b.owner, *plan.args(),
             sender, broadcast.from_email, reply_to, domain, b.emails.provider.name,
             key.inner, key.outer, unsubscribe_url(b.config.public_url, ""),
         ]
