@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -10,6 +11,7 @@ import trio
 from tidings.actors.broadcasts import FanoutActor
 from tidings.service import Service
 from tidings.storage import broadcasts as store
+from tidings.storage.broadcasts_batch import Batch
 
 
 async def hold(service: Service, broadcast_id: str) -> UUID:
@@ -23,19 +25,18 @@ async def hold(service: Service, broadcast_id: str) -> UUID:
     return owner
 
 
-async def batch_args(service: Service, broadcast_id: str, owner: UUID) -> list[Any]:
-    """The batch statement's arguments as the actor builds them, for ``owner``."""
+async def batch_args(service: Service, broadcast_id: str, owner: UUID) -> Batch:
+    """What the actor's batches are given, for ``owner``."""
     async with service.db.acquire() as conn:
         team_id = await conn.fetchval(
             "SELECT team_id FROM broadcasts WHERE id = $1", UUID(broadcast_id)
         )
         found = await store.get(conn, team_id, UUID(broadcast_id))
     assert found is not None
-    args = await FanoutActor(UUID(broadcast_id), service.broadcasts)._batch_args(
+    batch = await FanoutActor(UUID(broadcast_id), service.broadcasts)._batch(
         found, "acme.example"
     )
-    args[1] = owner
-    return args
+    return replace(batch, owner=owner)
 
 
 async def wait_status(

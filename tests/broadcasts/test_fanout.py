@@ -12,6 +12,7 @@ from tests.broadcasts.helpers import batch_args, emails_of, hold, wait_status
 from tests.email.helpers import ok
 from tidings.service import Service
 from tidings.storage import broadcasts_fanout as fanout
+from tidings.storage.broadcasts_batch import queue_batch
 
 
 async def test_counting_rules_and_rendering(
@@ -72,12 +73,12 @@ async def test_snapshot_and_cancel_during_fanout(
     # A contact that joins the segment after the snapshot is not part of it.
     await add_contact(client, audience.segment_id, email="late@example.com", first_name="L")
     args = await batch_args(service, bid, owner)
-    first = await service.db.run(fanout.queue_batch, args)
+    first = await service.db.run(queue_batch, args)
     assert (first.held, first.queued) == (True, 1)
     assert ok(await client.get(f"/broadcasts/{bid}"))["queued_count"] == 1
     canceled = ok(await client.post(f"/broadcasts/{bid}/cancel"))
     assert canceled["status"] == "canceled" and canceled["queued_count"] == 1
-    after = await service.db.run(fanout.queue_batch, args)
+    after = await service.db.run(queue_batch, args)
     assert after.held is False and after.queued == 0
     assert len(await emails_of(service, bid)) == 1
     assert ok(await client.get(f"/broadcasts/{bid}"))["queued_count"] == 1
@@ -91,7 +92,7 @@ async def test_resume_never_queues_twice(
     ok(await client.post(f"/broadcasts/{bid}/send"))
     await service.db.run(fanout.snapshot, UUID(bid), owner, 2)
     args = await batch_args(service, bid, owner)
-    await service.db.run(fanout.queue_batch, args)
+    await service.db.run(queue_batch, args)
     # The process dies; its lease ends; this process takes over from the cursor.
     async with service.db.acquire() as conn:
         await conn.execute("UPDATE broadcasts SET leased_until = now() - interval '1 second'")

@@ -37,7 +37,8 @@ from tidings.addresses import Mailbox as Sender
 from tidings.config import Config
 from tidings.storage import broadcasts_fanout as fanout
 from tidings.storage.broadcasts import DUE_CHANNEL, Broadcast
-from tidings.storage.broadcasts_render import Plan
+from tidings.storage.broadcasts_batch import Batch, queue_counted
+from tidings.storage.broadcasts_render import Plan, Renderer
 from tidings.storage.broadcasts_unsubscribe import service_key
 from tidings.storage.db import Database
 from tidings.storage.domains import sending_domain
@@ -151,11 +152,11 @@ class FanoutActor(Actor[Wake]):
             return await b.fail(
                 self._id, "from_email is not on a verified sending domain of the team"
             )
-        args = await self._batch_args(broadcast, domain.name)
+        batch = await self._batch(broadcast, domain.name)
         ended = _Ended()
         async with trio.open_nursery() as nursery:
             for _ in range(b.config.broadcast_connections):
-                nursery.start_soon(self._queue_chunks, broadcast, args, mailbox, ended)
+                nursery.start_soon(self._queue_chunks, batch, mailbox, ended)
         if ended.failure is not None:
             return await b.fail(self._id, ended.failure)
         if ended.lost:
@@ -169,18 +170,14 @@ class FanoutActor(Actor[Wake]):
                      finished.queued_count, finished.failed_count)
 
     async def _queue_chunks(
-        self, broadcast: Broadcast, args: list[object], mailbox: Mailbox[Wake],
-        ended: _Ended,
+        self, batch: Batch, mailbox: Mailbox[Wake], ended: _Ended
     ) -> None:
         """Queue chunks on one connection until none is left, a batch finds
         the broadcast gone or over quota (``ended``), or the process stops."""
         b = self._b
         while not mailbox.stopping and not ended.lost and ended.failure is None:
             try:
-                done = await b.db.run(
-                    fanout.queue_counted, args, b.config.broadcast_lease_seconds,
-                    broadcast.team_id, b.config.quotas,
-                )
+                done = await b.db.run(queue_counted, batch, b.config.quotas)
             except QuotaExceeded as exceeded:
                 ended.failure = f"team quota exhausted: {exceeded}"
                 return
@@ -190,21 +187,26 @@ class FanoutActor(Actor[Wake]):
             if not done.handled:
                 return  # every chunk is done or in another batch
 
-    async def _batch_args(self, broadcast: Broadcast, domain: str) -> list[object]:
+    async def _batch(self, broadcast: Broadcast, domain: str) -> Batch:
         b = self._b
         fallbacks = await b.db.run(fanout.property_fallbacks, broadcast.team_id)
         plan = Plan.of(
             broadcast.subject, broadcast.html, broadcast.text, broadcast.preview_text,
             broadcast.variable_bindings, fallbacks,
         )
-        key = await b.token_key()
-        sender = Sender(broadcast.from_name, broadcast.from_email).formatted
-        reply_to = [broadcast.reply_to_email] if broadcast.reply_to_email else []
-        return [
-            self._id, b.owner, *plan.args(),
-            sender, broadcast.from_email, reply_to, domain, b.emails.provider.name,
-            key.inner, key.outer, unsubscribe_url(b.config.public_url, ""),
-        ]
+        renderer = Renderer(
+            plan, await b.token_key(), unsubscribe_url(b.config.public_url, ""),
+            broadcast.team_id, broadcast.topic_id,
+        )
+        return Batch(
+            broadcast_id=self._id, owner=b.owner, team_id=broadcast.team_id,
+            renderer=renderer,
+            sender=Sender(broadcast.from_name, broadcast.from_email).formatted,
+            from_email=broadcast.from_email,
+            reply_to=[broadcast.reply_to_email] if broadcast.reply_to_email else [],
+            domain=domain, provider=b.emails.provider.name,
+            lease_seconds=b.config.broadcast_lease_seconds,
+        )
 
 
 def start_broadcasts(

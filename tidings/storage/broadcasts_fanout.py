@@ -28,18 +28,14 @@ Every function takes a raw connection and may run inside ``Database.run``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from tidings.config import QuotaDefaults
 from tidings.storage.broadcasts import COLUMNS, DUE_CHANNEL, Broadcast
 from tidings.storage.connection import Connection
-from tidings.storage.emails import DUE_CHANNEL as EMAILS_DUE
 from tidings.storage.events import FANOUT
 from tidings.storage.leases import lease_sql
-from tidings.storage.quotas import claim as claim_quota
 
 LEASES = lease_sql(
     "broadcasts",
@@ -111,136 +107,6 @@ SELECT (SELECT count(*) FROM b) AS held, found.segment, found.topic,
 FROM found
 """
 
-# The html, subject and text of one recipient: its pieces joined with the
-# values of the keys between them, from the jsonb ``vals``.
-_ESCAPED = (
-    "replace(replace(replace(replace(replace(v, '&', '&amp;'), '<', '&lt;'), '>', '&gt;'),"
-    " '\"', '&quot;'), '''', '&#x27;')"
-)
-
-
-def _joined(pieces: str, keys: str, value: str) -> str:
-    return f"""(SELECT string_agg(p.piece || coalesce({value}, ''), '' ORDER BY p.n)
-       FROM unnest({pieces}::text[], {keys}::text[]) WITH ORDINALITY AS p(piece, key, n),
-            LATERAL (SELECT r.vals ->> p.key AS v) val)"""
-
-
-_SUBJECT = _joined("$3", "$4", "regexp_replace(val.v, E'\\r\\n|\\n|\\r', ' ', 'g')")
-_HTML = _joined("$5", "$6", _ESCAPED.replace("(v,", "(val.v,"))
-_TEXT = _joined("$7", "$8", "val.v")
-
-# $1 broadcast, $2 lease owner; the plan: $3/$4 subject pieces/keys, $5/$6
-# html, $7/$8 text (pieces NULL: no text), $9 defaults (jsonb); the email:
-# $10 from (as shown), $11 from (bare), $12 reply-to (array), $13 domain,
-# $14 provider; $15/$16 the HMAC inner and outer keys, $17 the unsubscribe
-# link up to the token.
-#
-# The broadcast is only share-locked (FOR KEY SHARE), so batches of several
-# connections run at once and a cancel does not wait for them; the chunk is
-# claimed with SKIP LOCKED, so each goes to one batch. An email's id is made
-# from its broadcast and contact: the primary key is the guard that no
-# contact ever gets two emails of one broadcast.
-QUEUE_BATCH = f"""
-WITH b AS (
-    SELECT id, team_id, topic_id FROM broadcasts
-    WHERE id = $1 AND status = 'queued' AND lease_owner = $2 AND snapshot_at IS NOT NULL
-    FOR KEY SHARE
-), chunk AS (
-    SELECT k.chunk, k.contact_ids FROM broadcast_chunks k
-    WHERE k.broadcast_id = $1 AND NOT k.done AND EXISTS (SELECT 1 FROM b)
-    ORDER BY k.chunk LIMIT 1
-    FOR UPDATE OF k SKIP LOCKED
-), next AS (
-    SELECT u.contact_id, b.team_id, b.topic_id
-    FROM chunk CROSS JOIN b CROSS JOIN unnest(chunk.contact_ids) AS u(contact_id)
-), signed AS (
-    SELECT n.*, '\\x01'::bytea || uuid_send(n.team_id) || uuid_send(n.contact_id)
-                || uuid_send(coalesce(n.topic_id, '00000000-0000-0000-0000-000000000000'))
-                AS message
-    FROM next n
-), r AS MATERIALIZED (
-    SELECT s.contact_id, s.team_id, c.email, md5($1::text || s.contact_id::text)::uuid AS email_id,
-           u.url,
-           $9::jsonb || coalesce(jsonb_strip_nulls(c.properties), '{{}}'::jsonb)
-           || jsonb_strip_nulls(jsonb_build_object(
-                  'email', c.email, 'first_name', c.first_name, 'last_name', c.last_name))
-           || jsonb_build_object('unsubscribe_url', u.url) AS vals
-    FROM signed s
-    -- One primary-key lookup per recipient (a deleted contact: no row, the email fails).
-    LEFT JOIN LATERAL (
-        SELECT * FROM contacts WHERE id = s.contact_id AND team_id = s.team_id
-    ) c ON true
-    CROSS JOIN LATERAL (
-        SELECT $17 || translate(encode(s.message || substring(
-                   sha256($16::bytea || sha256($15::bytea || s.message)) FROM 1 FOR 16),
-                   'base64'), E'+/=\\n', '-_') AS url
-    ) u
-), rendered AS MATERIALIZED (
-    SELECT r.*,
-           {_SUBJECT} AS subject,
-           {_HTML} AS html,
-           CASE WHEN $7::text[] IS NOT NULL THEN {_TEXT} END AS text,
-           r.email IS NOT NULL AND NOT EXISTS (
-               SELECT 1 FROM unnest($4::text[] || $6::text[] || $8::text[]) k
-               WHERE r.vals ->> k IS NULL) AS complete
-    FROM r
-), inserted AS (
-    INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, reply_to,
-                        to_lookup, send_to, subject, html, text, headers, tags, status,
-                        domain, smtp_message_id, provider, next_attempt_at, status_at,
-                        broadcast_id, contact_id)
-    SELECT x.email_id, x.team_id, $10, $11, ARRAY[x.email], $12::text[], ARRAY[lower(x.email)],
-           ARRAY[x.email], x.subject, x.html, x.text,
-           jsonb_build_object('List-Unsubscribe', '<' || x.url || '>',
-                              'List-Unsubscribe-Post', 'List-Unsubscribe=One-Click'),
-           jsonb_build_array(jsonb_build_object('name', 'broadcast_id', 'value', $1::text)),
-           'queued', $13, '<' || x.email_id || '@' || $13 || '>', $14, now(), now(),
-           $1, x.contact_id
-    FROM rendered x WHERE x.complete
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id, team_id, to_addresses, subject, contact_id
-), queued AS MATERIALIZED (
-    SELECT i.*, gen_random_uuid() AS event_id FROM inserted i
-), email_event AS (
-    INSERT INTO email_events (id, email_id, team_id, type, recipient, provider)
-    SELECT event_id, id, team_id, 'queued', to_addresses[1], $14 FROM queued
-), event AS (
-    INSERT INTO events (id, team_id, type, channel, message_id, recipient, data)
-    SELECT q.event_id, q.team_id, 'message.queued', 'email', q.id, q.to_addresses[1],
-           jsonb_build_object('email_id', q.id, 'from', $10::text, 'to', to_jsonb(q.to_addresses),
-                              'subject', q.subject, 'broadcast_id', $1::uuid)
-    FROM queued q
-    RETURNING id, team_id, type
-), {FANOUT}, finished AS (
-    UPDATE broadcast_chunks k SET done = true FROM chunk
-    WHERE k.broadcast_id = $1 AND k.chunk = chunk.chunk
-)
-SELECT (SELECT count(*) FROM b) AS held,
-       (SELECT count(*) FROM rendered) AS handled,
-       (SELECT count(*) FROM queued) AS queued,
-       (SELECT count(*) FROM rendered WHERE NOT complete) AS failed,
-       (SELECT woken FROM woken) AS woken,
-       (SELECT count(pg_notify('{EMAILS_DUE}', team_id::text))
-        FROM (SELECT team_id FROM queued LIMIT 1) one) AS senders
-"""
-
-# What a batch did, on the broadcast: its own statement, the last of the
-# batch's transaction, so that the row lock it takes is held only until the
-# commit that follows. Whatever the status: the emails are queued. The lease
-# is extended only when it is still the caller's.
-# $1 broadcast, $2 handled, $3 queued, $4 failed, $5 lease owner, $6 lease seconds.
-COUNT_BATCH = """
-UPDATE broadcasts SET
-    fanout_cursor = fanout_cursor + $2,
-    queued_count = queued_count + $3,
-    failed_count = failed_count + $4,
-    leased_until = CASE WHEN lease_owner = $5 THEN now() + $6 * interval '1 second'
-                        ELSE leased_until END,
-    revision = revision + 1, updated_at = now()
-WHERE id = $1
-"""
-
-
 def _ended(status: str, where: str, extra: str) -> str:
     return f"""
 WITH ended AS (
@@ -296,17 +162,6 @@ class Snapshot:
     eligible: int
 
 
-@dataclass(frozen=True)
-class Queued:
-    """What one batch did: ``held`` False means the broadcast is not ours to
-    fan out any more (canceled, or its lease was taken)."""
-
-    held: bool
-    handled: int
-    queued: int
-    failed: int
-
-
 def _broadcast(row: Any) -> Broadcast:
     names = [n.strip().split(" AS ")[-1] for n in COLUMNS.replace("\n", " ").split(",")]
     return Broadcast.from_row({name: row[name] for name in names})
@@ -351,38 +206,6 @@ async def snapshot(
 async def property_fallbacks(conn: Connection, team_id: UUID) -> dict[str, Any]:
     rows = await conn.fetch(PROPERTY_FALLBACKS, team_id)
     return {row["key"]: json.loads(row["fallback"]) for row in rows}
-
-
-async def _queue(conn: Connection, args: Sequence[Any], lease_seconds: float) -> Queued:
-    row = await conn.fetchrow(QUEUE_BATCH, *args)
-    assert row is not None
-    done = Queued(bool(row["held"]), row["handled"], row["queued"], row["failed"])
-    if done.handled:
-        await conn.execute(COUNT_BATCH, args[0], done.handled, done.queued, done.failed,
-                           args[1], lease_seconds)
-    return done
-
-
-async def queue_batch(
-    conn: Connection, args: Sequence[Any], lease_seconds: float = 30.0
-) -> Queued:
-    """One chunk, in one transaction (``args``: see ``QUEUE_BATCH``); ``handled``
-    0 with ``held``: no chunk left that another batch is not working on."""
-    async with conn.transaction():
-        return await _queue(conn, args, lease_seconds)
-
-
-async def queue_counted(
-    conn: Connection, args: Sequence[Any], lease_seconds: float, team_id: UUID,
-    quotas: QuotaDefaults,
-) -> Queued:
-    """One chunk and the team's email quota for what it queued, in one
-    transaction. Raises QuotaExceeded, leaving nothing of the batch."""
-    async with conn.transaction():
-        queued = await _queue(conn, args, lease_seconds)
-        if queued.queued:
-            await claim_quota(conn, team_id, "email", queued.queued, quotas)
-    return queued
 
 
 async def finish(conn: Connection, broadcast_id: UUID, owner: UUID) -> Broadcast | None:

@@ -15,21 +15,23 @@ cannot be made: it counts in ``failed_count`` (bind the key to ``""`` to
 render it empty). Values go into the html escaped, into the subject on one
 line and into the text as they are, as ``tidings.rendering`` does.
 
-Fanout renders a whole batch inside PostgreSQL: a part is its fixed pieces
-and the keys between them, which the batch statement joins per recipient
-(``tidings.storage.broadcasts_fanout``). This module is pure.
+A part is its fixed pieces and the keys between them; a ``Renderer`` joins
+them with each recipient's values and signs its unsubscribe link, for a
+whole batch at a time (``tidings.storage.broadcasts_fanout`` reads the
+recipients and stores what it made). This module is pure.
 """
 
 from __future__ import annotations
 
 import html as html_lib
-import json
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 from tidings.rendering import format_value, placeholders
+from tidings.unsubscribe import TokenKey
 
 # The placeholder syntax of tidings.rendering.
 _PLACEHOLDER = re.compile(r"\{\{\{([^{}]*)\}\}\}")
@@ -117,10 +119,111 @@ class Plan:
             Part.of(subject), html_part, None if text is None else Part.of(text), defaults
         )
 
-    def args(self) -> list[Any]:
-        """The plan's parameters of the batch statement, in order."""
-        text = self.text or Part([], [])
-        return [
-            self.subject.pieces, self.subject.keys, self.html.pieces, self.html.keys,
-            text.pieces if self.text else None, text.keys, json.dumps(self.defaults),
-        ]
+
+def _one_line(value: str) -> str:
+    if "\n" in value or "\r" in value:
+        return value.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return value
+
+
+@dataclass
+class Rendered:
+    """A batch's emails, column by column (what the insert statement unnests);
+    ``failed`` counts the recipients whose email could not be made."""
+
+    contact_ids: list[UUID] = field(default_factory=list)
+    emails: list[str] = field(default_factory=list)
+    subjects: list[str] = field(default_factory=list)
+    htmls: list[str] = field(default_factory=list)
+    texts: list[str | None] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    failed: int = 0
+
+
+class Renderer:
+    """A plan made ready to render one recipient after another: the keys
+    looked up in contact properties, each part's pieces, the defaults already
+    escaped for the html and put on one line for the subject, and the signer
+    of the unsubscribe links (``link`` is the URL up to the token)."""
+
+    def __init__(
+        self, plan: Plan, key: TokenKey, link: str, team_id: UUID, topic_id: UUID | None
+    ) -> None:
+        self._plan = plan
+        self._keys = list(dict.fromkeys(
+            plan.subject.keys + plan.html.keys + (plan.text.keys if plan.text else [])
+        ))
+        # Contact fields and the link always win over a property of that name.
+        self.property_keys = [key for key in self._keys if key not in BUILT_IN]
+        self._sign = key.signer(team_id, topic_id)
+        self._link = link
+        self._shown = {
+            "subject": {k: _one_line(v) for k, v in plan.defaults.items()},
+            "html": {k: html_lib.escape(v) for k, v in plan.defaults.items()},
+        }
+
+    def render(self, recipients: Iterable[Recipient]) -> Rendered:
+        """Every recipient's subject, html and text: its values, then the
+        broadcast's defaults, as the module docstring says."""
+        plan, out, keys = self._plan, Rendered(), self._keys
+        subject_defaults, html_defaults = self._shown["subject"], self._shown["html"]
+        escape = html_lib.escape
+        for r in recipients:
+            if r.email is None:
+                out.failed += 1
+                continue
+            own = {"email": r.email}
+            if r.first_name is not None:
+                own["first_name"] = r.first_name
+            if r.last_name is not None:
+                own["last_name"] = r.last_name
+            for name, value in zip(self.property_keys, r.properties or (), strict=False):
+                if value is not None and name not in own:
+                    own[name] = value
+            link = self._link + self._sign(r.contact_id)
+            own[UNSUBSCRIBE_URL] = link
+            if any(key not in own and key not in plan.defaults for key in keys):
+                out.failed += 1
+                continue
+            subject = {**subject_defaults, **{k: _one_line(v) for k, v in own.items()}}
+            html = {**html_defaults, **{k: escape(v) for k, v in own.items()}}
+            out.contact_ids.append(r.contact_id)
+            out.emails.append(r.email)
+            out.subjects.append(_fill(plan.subject, subject))
+            out.htmls.append(_fill(plan.html, html))
+            out.texts.append(
+                None if plan.text is None else _fill(plan.text, {**plan.defaults, **own})
+            )
+            out.links.append(link)
+        return out
+
+
+@dataclass(frozen=True)
+class Recipient:
+    """What a batch reads of one recipient (``email`` None: no email, or the
+    contact was deleted after the snapshot); ``properties`` follow
+    ``Renderer.property_keys``."""
+
+    contact_id: UUID
+    email: str | None
+    first_name: str | None
+    last_name: str | None
+    properties: Sequence[str | None] | None
+
+
+def _fill(part: Part, values: Mapping[str, str]) -> str:
+    return _format(part) % tuple([values[key] for key in part.keys])
+
+
+_FORMATS: dict[tuple[str, ...], str] = {}
+
+
+def _format(part: Part) -> str:
+    """The part as a ``%``-format string with one ``%s`` per key."""
+    pieces = tuple(part.pieces)
+    found = _FORMATS.get(pieces)
+    if found is None:
+        if len(_FORMATS) > 64:
+            _FORMATS.clear()
+        found = _FORMATS[pieces] = "%s".join(piece.replace("%", "%%") for piece in pieces)
+    return found

@@ -1,0 +1,191 @@
+"""One batch of a broadcast's fanout: a chunk of its snapshot queued as emails.
+
+A batch is one transaction on one connection:
+
+1. ``CLAIM_CHUNK`` takes the next chunk not done (``FOR UPDATE SKIP
+   LOCKED``, so several connections work on one broadcast at once, each on
+   its own chunk) and reads its recipients' contacts;
+2. the batch's ``Renderer`` makes each email in Python (``broadcasts_render``)
+   and signs its unsubscribe link;
+3. ``QUEUE_EMAILS`` inserts the emails, queued for the send worker, with
+   their ``queued`` email events and webhook events, and marks the chunk
+   done; ``COUNT_BATCH`` then moves the broadcast's counts and extends the
+   lease; the team's email quota is claimed last.
+
+Nothing is written unless the broadcast is still queued and leased to the
+caller, so a cancel stops the fanout at the next batch. The broadcast row is
+only share-locked (``FOR KEY SHARE``) while a batch works, so batches run
+side by side and a cancel does not wait for them; it is updated in the last
+statements, just before the commit. An email's id is made from its broadcast
+and contact: the primary key of emails is the guard that no contact ever
+gets two emails of one broadcast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from uuid import UUID
+
+from tidings.config import QuotaDefaults
+from tidings.storage.broadcasts_render import Recipient, Renderer
+from tidings.storage.connection import Connection
+from tidings.storage.emails import DUE_CHANNEL as EMAILS_DUE
+from tidings.storage.events import FANOUT
+from tidings.storage.quotas import claim as claim_quota
+
+_HELD = """
+SELECT id, team_id FROM broadcasts
+WHERE id = $1 AND status = 'queued' AND lease_owner = $2 AND snapshot_at IS NOT NULL
+FOR KEY SHARE
+"""
+
+# $1 broadcast, $2 lease owner, $3 the keys read from contact properties.
+# One row per recipient of the chunk; a single row with no chunk when none is
+# left (or the broadcast is not held).
+CLAIM_CHUNK = f"""
+WITH b AS ({_HELD}), chunk AS (
+    SELECT k.chunk, k.contact_ids FROM broadcast_chunks k
+    WHERE k.broadcast_id = $1 AND NOT k.done AND EXISTS (SELECT 1 FROM b)
+    ORDER BY k.chunk LIMIT 1
+    FOR UPDATE OF k SKIP LOCKED
+)
+SELECT (SELECT count(*) FROM b) AS held, chunk.chunk, u.contact_id,
+       c.email, c.first_name, c.last_name,
+       CASE WHEN cardinality($3::text[]) > 0 THEN
+           ARRAY(SELECT c.properties ->> p.key
+                 FROM unnest($3::text[]) WITH ORDINALITY AS p(key, n) ORDER BY p.n)
+       END AS properties
+FROM (SELECT 1) one
+LEFT JOIN chunk ON true
+LEFT JOIN LATERAL unnest(chunk.contact_ids) AS u(contact_id) ON true
+-- A contact deleted after the snapshot: no row, its email fails.
+LEFT JOIN contacts c ON c.id = u.contact_id AND c.team_id = (SELECT team_id FROM b)
+"""
+
+# $1 broadcast, $2 lease owner, $3 the chunk; the emails: $4 contacts, $5
+# addresses, $6 subjects, $7 htmls, $8 texts, $9 unsubscribe links; $10 from
+# (as shown), $11 from (bare), $12 reply-to (array), $13 domain, $14 provider.
+QUEUE_EMAILS = f"""
+WITH b AS ({_HELD}), inserted AS (
+    INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, reply_to,
+                        to_lookup, send_to, subject, html, text, headers, tags, status,
+                        domain, smtp_message_id, provider, next_attempt_at, status_at,
+                        broadcast_id, contact_id)
+    SELECT x.email_id, b.team_id, $10, $11, ARRAY[x.email], $12::text[], ARRAY[lower(x.email)],
+           ARRAY[x.email], x.subject, x.html, x.text,
+           jsonb_build_object('List-Unsubscribe', '<' || x.link || '>',
+                              'List-Unsubscribe-Post', 'List-Unsubscribe=One-Click'),
+           jsonb_build_array(jsonb_build_object('name', 'broadcast_id', 'value', $1::text)),
+           'queued', $13, '<' || x.email_id || '@' || $13 || '>', $14, now(), now(),
+           $1, x.contact_id
+    FROM b, (SELECT md5($1::text || i.contact_id::text)::uuid AS email_id, i.*
+             FROM unnest($4::uuid[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
+                  AS i(contact_id, email, subject, html, text, link)) x
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, team_id, to_addresses, subject
+), queued AS MATERIALIZED (
+    SELECT i.*, gen_random_uuid() AS event_id FROM inserted i
+), email_event AS (
+    INSERT INTO email_events (id, email_id, team_id, type, recipient, provider)
+    SELECT event_id, id, team_id, 'queued', to_addresses[1], $14 FROM queued
+), event AS (
+    INSERT INTO events (id, team_id, type, channel, message_id, recipient, data)
+    SELECT q.event_id, q.team_id, 'message.queued', 'email', q.id, q.to_addresses[1],
+           jsonb_build_object('email_id', q.id, 'from', $10::text, 'to', to_jsonb(q.to_addresses),
+                              'subject', q.subject, 'broadcast_id', $1::uuid)
+    FROM queued q
+    RETURNING id, team_id, type
+), {FANOUT}, finished AS (
+    UPDATE broadcast_chunks k SET done = true
+    WHERE k.broadcast_id = $1 AND k.chunk = $3 AND EXISTS (SELECT 1 FROM b)
+)
+SELECT (SELECT count(*) FROM b) AS held,
+       (SELECT count(*) FROM queued) AS queued,
+       (SELECT woken FROM woken) AS woken,
+       (SELECT count(pg_notify('{EMAILS_DUE}', team_id::text))
+        FROM (SELECT team_id FROM queued LIMIT 1) one) AS senders
+"""
+
+# What a batch did, on the broadcast, whatever its status now (the emails
+# are queued); the lease is extended only while it is still the caller's.
+# $1 broadcast, $2 handled, $3 queued, $4 failed, $5 lease owner, $6 lease seconds.
+COUNT_BATCH = """
+UPDATE broadcasts SET
+    fanout_cursor = fanout_cursor + $2,
+    queued_count = queued_count + $3,
+    failed_count = failed_count + $4,
+    leased_until = CASE WHEN lease_owner = $5 THEN now() + $6 * interval '1 second'
+                        ELSE leased_until END,
+    revision = revision + 1, updated_at = now()
+WHERE id = $1
+"""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What every batch of one broadcast's fanout needs."""
+
+    broadcast_id: UUID
+    owner: UUID  # the lease owner: this process
+    team_id: UUID
+    renderer: Renderer
+    sender: str  # from, as shown
+    from_email: str
+    reply_to: list[str]
+    domain: str
+    provider: str
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What one batch did: ``held`` False means the broadcast is not ours to
+    fan out any more (canceled, or its lease was taken); ``handled`` 0 with
+    ``held``: no chunk left that another batch is not working on."""
+
+    held: bool
+    handled: int
+    queued: int
+    failed: int
+
+
+async def _queue(conn: Connection, batch: Batch) -> Queued:
+    renderer = batch.renderer
+    rows = await conn.fetch(CLAIM_CHUNK, batch.broadcast_id, batch.owner,
+                            renderer.property_keys)
+    held, chunk = bool(rows[0]["held"]), rows[0]["chunk"]
+    if not held or chunk is None:
+        return Queued(held, 0, 0, 0)
+    made = renderer.render(
+        Recipient(row["contact_id"], row["email"], row["first_name"], row["last_name"],
+                  row["properties"])
+        for row in rows
+    )
+    row = await conn.fetchrow(
+        QUEUE_EMAILS, batch.broadcast_id, batch.owner, chunk, made.contact_ids, made.emails,
+        made.subjects, made.htmls, made.texts, made.links, batch.sender, batch.from_email,
+        batch.reply_to, batch.domain, batch.provider,
+    )
+    assert row is not None
+    if not row["held"]:
+        return Queued(False, 0, 0, 0)
+    done = Queued(True, len(rows), row["queued"], made.failed)
+    await conn.execute(COUNT_BATCH, batch.broadcast_id, done.handled, done.queued, done.failed,
+                       batch.owner, batch.lease_seconds)
+    return done
+
+
+async def queue_batch(conn: Connection, batch: Batch) -> Queued:
+    """One chunk, in one transaction."""
+    async with conn.transaction():
+        return await _queue(conn, batch)
+
+
+async def queue_counted(conn: Connection, batch: Batch, quotas: QuotaDefaults) -> Queued:
+    """One chunk and the team's email quota for what it queued, in one
+    transaction. Raises QuotaExceeded, leaving nothing of the batch."""
+    async with conn.transaction():
+        queued = await _queue(conn, batch)
+        if queued.queued:
+            await claim_quota(conn, batch.team_id, "email", queued.queued, quotas)
+    return queued
