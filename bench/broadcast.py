@@ -9,9 +9,10 @@ Then creates a broadcast with a topic, personalised subject and html and
 the unsubscribe link, sends it through the API, and measures:
 
 1. fanout: from the send request to ``queued_count`` = ``eligible_count``
-   (the broadcast ``sent``), as the client sees it and as the server's
-   ``queued_at``/``sent_at`` say; the send worker drains meanwhile, as it
-   would in production;
+   (the broadcast ``sent``), as the client sees it (``seconds_client``,
+   polling every 20 ms) and as the server's ``queued_at``/``sent_at`` say
+   (``seconds_server``), and the service process's CPU seconds meanwhile;
+   the send worker drains meanwhile, as it would in production;
 2. drain: emails received by the sink per second, from the send to the
    last arrival (``--drain 0`` skips it).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 from datetime import datetime
@@ -64,11 +66,35 @@ WHERE c.team_id = $2 AND (n - $3) % 4 = 3
 """
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds of every postgres process of this user, by pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    found[int(entry.name)] = cpu_seconds(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contacts", type=int, default=100_000, help="eligible contacts")
     parser.add_argument("--drain", type=int, default=1, help="0: skip the drain")
     parser.add_argument("--batch-size", type=int, default=2000,
                         help="TIDINGS_BROADCAST_BATCH_SIZE of the service")
+    parser.add_argument("--connections", type=int, default=2,
+                        help="TIDINGS_BROADCAST_CONNECTIONS of the service")
     parser.add_argument("--provider", choices=("smtp", "sandbox"), default="smtp",
                         help="sandbox: the fanout alone, no SMTP sending beside it (no drain)")
     parser.add_argument("--smtp-connections", type=int, default=16,
@@ -124,6 +150,7 @@ async def measure(
             "variable_bindings": {"offer": "20% off until Sunday"},
         })).json()["data"]
         before = sink.count()
+        service_cpu, pg_cpu = cpu_seconds(service.process.pid), postgres_cpu()
         started = time.monotonic()
         response = await client.post(f"/broadcasts/{created['id']}/send")
         if response.status_code != 200:
@@ -134,6 +161,9 @@ async def measure(
                 break
             await trio.sleep(0.02)
         client_seconds = time.monotonic() - started
+        service_cpu = cpu_seconds(service.process.pid) - service_cpu
+        pg_after = postgres_cpu()
+        pg_seconds = sum(pg_after[pid] - pg_cpu.get(pid, 0.0) for pid in pg_after)
         if got["status"] != "sent":
             raise HarnessError(f"the broadcast ended {got['status']}: {got['failure_reason']}")
         server_seconds = (datetime.fromisoformat(got["sent_at"])
@@ -146,6 +176,7 @@ async def measure(
             "failed": got["failed_count"], "seconds_client": round(client_seconds, 3),
             "seconds_server": round(server_seconds, 3),
             "queued_per_s": round(got["queued_count"] / server_seconds),
+            "service_cpu_s": round(service_cpu, 2), "postgres_cpu_s": round(pg_seconds, 2),
         }
         if not args.drain or args.provider == "sandbox":
             return {"fanout": fanout}
@@ -172,6 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "TIDINGS_MAIL_HOST": "mx.bench.example",
             "TIDINGS_DOMAIN_RECHECK_SECONDS": "86400",
             "TIDINGS_BROADCAST_BATCH_SIZE": str(args.batch_size),
+            "TIDINGS_BROADCAST_CONNECTIONS": str(args.connections),
         }
         with running_service(env) as service:
             token = service.create_token("bench")
@@ -183,5 +215,5 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     finally:
         sink.stop()
     return {"bench": "broadcast", "provider": args.provider, "contacts": args.contacts,
-            "batch_size": args.batch_size,
+            "batch_size": args.batch_size, "connections": args.connections,
             **results, "service_peak_rss_mb": peak_rss_mb}

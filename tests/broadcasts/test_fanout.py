@@ -6,13 +6,14 @@ import json
 from uuid import UUID, uuid4
 
 import httpx
+import trio
 
 from tests.broadcasts.conftest import Audience, add_contact, draft
 from tests.broadcasts.helpers import batch_args, emails_of, hold, wait_status
 from tests.email.helpers import ok
 from tidings.service import Service
 from tidings.storage import broadcasts_fanout as fanout
-from tidings.storage.broadcasts_batch import queue_batch
+from tidings.storage.broadcasts_batch import CLAIM_CHUNK, queue_batch
 
 
 async def test_counting_rules_and_rendering(
@@ -130,3 +131,29 @@ async def test_give_up_marks_failed(service: Service, client: httpx.AsyncClient,
     failed = ok(await client.get(f"/broadcasts/{bid}"))
     assert failed["status"] == "failed" and "boom" in failed["failure_reason"]
     assert await service.db.run(fanout.fail, uuid4(), "none") is None
+
+
+async def test_batches_side_by_side_take_distinct_chunks_and_cancel_does_not_wait(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
+    owner = await hold(service, bid)
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    await service.db.run(fanout.snapshot, UUID(bid), owner, 1)
+    batch = await batch_args(service, bid, owner)
+    async with service.db.acquire() as first, first.transaction():
+        # A batch in flight on another connection holds chunk 0 ...
+        claimed = await first.fetch(CLAIM_CHUNK, UUID(bid), owner, [])
+        assert [row["chunk"] for row in claimed] == [0]
+        # ... so this one takes chunk 1 at once, another contact.
+        with trio.fail_after(5):
+            other = await service.db.run(queue_batch, batch)
+        assert other.queued == 1
+        # The broadcast row is only share-locked by the batch in flight.
+        with trio.fail_after(5):
+            canceled = ok(await client.post(f"/broadcasts/{bid}/cancel"))
+        assert canceled["status"] == "canceled" and canceled["queued_count"] == 1
+    emails = await emails_of(service, bid)
+    assert [e["contact_id"] for e in emails] != [claimed[0]["contact_id"]]
+    after = await service.db.run(queue_batch, batch)
+    assert after.held is False and len(await emails_of(service, bid)) == 1
