@@ -75,16 +75,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def postgres_cpu() -> dict[int, float]:
-    """CPU seconds of every postgres process of this user, by pid."""
+def postgres_cpu(service: Service) -> dict[int, float]:
+    """CPU seconds of the service's embedded PostgreSQL, by process (the
+    postmaster and its children; empty with DATABASE_URL)."""
+    pids = set()
+    for pid_file in service.data_dir.rglob("postmaster.pid"):
+        pids.add(int(pid_file.read_text().split()[0]))
     found = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == "postgres":
-                    found[int(entry.name)] = cpu_seconds(int(entry.name))
-            except OSError:
-                continue
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) in pids or int(stat[1]) in pids:
+            found[int(entry.name)] = cpu_seconds(int(entry.name))
     return found
 
 
@@ -150,8 +156,8 @@ async def measure(
             "variable_bindings": {"offer": "20% off until Sunday"},
         })).json()["data"]
         before = sink.count()
-        service_cpu, pg_cpu = cpu_seconds(service.process.pid), postgres_cpu()
-        started = time.monotonic()
+        service_cpu, pg_cpu = cpu_seconds(service.process.pid), postgres_cpu(service)
+        started = last_report = time.monotonic()
         response = await client.post(f"/broadcasts/{created['id']}/send")
         if response.status_code != 200:
             raise HarnessError(f"send answered {response.status_code}: {response.text}")
@@ -159,10 +165,13 @@ async def measure(
             got = (await client.get(f"/broadcasts/{created['id']}")).json()["data"]
             if got["status"] != "queued":
                 break
+            if time.monotonic() - last_report > 5:
+                last_report = time.monotonic()
+                log(f"fanout: {got['queued_count']} queued after {last_report - started:.1f}s")
             await trio.sleep(0.02)
         client_seconds = time.monotonic() - started
         service_cpu = cpu_seconds(service.process.pid) - service_cpu
-        pg_after = postgres_cpu()
+        pg_after = postgres_cpu(service)
         pg_seconds = sum(pg_after[pid] - pg_cpu.get(pid, 0.0) for pid in pg_after)
         if got["status"] != "sent":
             raise HarnessError(f"the broadcast ended {got['status']}: {got['failure_reason']}")

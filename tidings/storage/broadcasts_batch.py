@@ -23,11 +23,13 @@ gets two emails of one broadcast.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 from uuid import UUID
 
 from tidings.config import QuotaDefaults
-from tidings.storage.broadcasts_render import Recipient, Renderer
+from tidings.storage.broadcasts_render import Renderer
 from tidings.storage.connection import Connection
 from tidings.storage.emails import DUE_CHANNEL as EMAILS_DUE
 from tidings.storage.events import FANOUT
@@ -40,8 +42,9 @@ FOR KEY SHARE
 """
 
 # $1 broadcast, $2 lease owner, $3 the keys read from contact properties.
-# One row per recipient of the chunk; a single row with no chunk when none is
-# left (or the broadcast is not held).
+# One row per recipient of the chunk, in the order ``Renderer.render``
+# reads; a single row with no chunk when none is left (or the broadcast is
+# not held).
 CLAIM_CHUNK = f"""
 WITH b AS ({_HELD}), chunk AS (
     SELECT k.chunk, k.contact_ids FROM broadcast_chunks k
@@ -49,12 +52,12 @@ WITH b AS ({_HELD}), chunk AS (
     ORDER BY k.chunk LIMIT 1
     FOR UPDATE OF k SKIP LOCKED
 )
-SELECT (SELECT count(*) FROM b) AS held, chunk.chunk, u.contact_id,
-       c.email, c.first_name, c.last_name,
+SELECT u.contact_id, c.email, c.first_name, c.last_name,
        CASE WHEN cardinality($3::text[]) > 0 THEN
            ARRAY(SELECT c.properties ->> p.key
                  FROM unnest($3::text[]) WITH ORDINALITY AS p(key, n) ORDER BY p.n)
-       END AS properties
+       END AS properties,
+       (SELECT count(*) FROM b) AS held, chunk.chunk
 FROM (SELECT 1) one
 LEFT JOIN chunk ON true
 LEFT JOIN LATERAL unnest(chunk.contact_ids) AS u(contact_id) ON true
@@ -156,14 +159,12 @@ async def _queue(conn: Connection, batch: Batch) -> Queued:
     held, chunk = bool(rows[0]["held"]), rows[0]["chunk"]
     if not held or chunk is None:
         return Queued(held, 0, 0, 0)
-    made = renderer.render(
-        Recipient(row["contact_id"], row["email"], row["first_name"], row["last_name"],
-                  row["properties"])
-        for row in rows
-    )
+    # An asyncpg Record iterates over its values, in the statement's order.
+    made = renderer.render(cast(list[Sequence[Any]], rows))
+    texts = made.texts if renderer.has_text else None  # NULL: every text NULL
     row = await conn.fetchrow(
         QUEUE_EMAILS, batch.broadcast_id, batch.owner, chunk, made.contact_ids, made.emails,
-        made.subjects, made.htmls, made.texts, made.links, batch.sender, batch.from_email,
+        made.subjects, made.htmls, texts, made.links, batch.sender, batch.from_email,
         batch.reply_to, batch.domain, batch.provider,
     )
     assert row is not None

@@ -141,89 +141,85 @@ class Rendered:
 
 
 class Renderer:
-    """A plan made ready to render one recipient after another: the keys
-    looked up in contact properties, each part's pieces, the defaults already
-    escaped for the html and put on one line for the subject, and the signer
-    of the unsubscribe links (``link`` is the URL up to the token)."""
+    """A plan made ready to render one recipient after another: each part as
+    a ``%``-format string, its defaults already shown as the part shows
+    values (escaped in the html, on one line in the subject), the keys looked
+    up in contact properties, and the signer of the unsubscribe links
+    (``link`` is the URL up to the token)."""
 
     def __init__(
         self, plan: Plan, key: TokenKey, link: str, team_id: UUID, topic_id: UUID | None
     ) -> None:
-        self._plan = plan
-        self._keys = list(dict.fromkeys(
-            plan.subject.keys + plan.html.keys + (plan.text.keys if plan.text else [])
-        ))
+        keys = plan.subject.keys + plan.html.keys + (plan.text.keys if plan.text else [])
         # Contact fields and the link always win over a property of that name.
-        self.property_keys = [key for key in self._keys if key not in BUILT_IN]
+        self.property_keys = [key for key in dict.fromkeys(keys) if key not in BUILT_IN]
         self._sign = key.signer(team_id, topic_id)
         self._link = link
-        self._shown = {
-            "subject": {k: _one_line(v) for k, v in plan.defaults.items()},
-            "html": {k: html_lib.escape(v) for k, v in plan.defaults.items()},
+        self._html_link = html_lib.escape(link)  # a token needs no escaping
+        self._subject = _format(plan.subject), tuple(plan.subject.keys), {
+            k: _one_line(v) for k, v in plan.defaults.items()
         }
+        self._html = _format(plan.html), tuple(plan.html.keys), {
+            k: html_lib.escape(v) for k, v in plan.defaults.items()
+        }
+        self.has_text = plan.text is not None
+        self._text = None if plan.text is None else (
+            _format(plan.text), tuple(plan.text.keys), dict(plan.defaults)
+        )
 
-    def render(self, recipients: Iterable[Recipient]) -> Rendered:
+    def render(self, rows: Iterable[Sequence[Any]]) -> Rendered:
         """Every recipient's subject, html and text: its values, then the
-        broadcast's defaults, as the module docstring says."""
-        plan, out, keys = self._plan, Rendered(), self._keys
-        subject_defaults, html_defaults = self._shown["subject"], self._shown["html"]
-        escape = html_lib.escape
-        for r in recipients:
-            if r.email is None:
+        broadcast's defaults, as the module docstring says. A row is
+        ``(contact_id, email, first_name, last_name, properties, ...)``,
+        ``email`` None when the contact has none or was deleted since the
+        snapshot, ``properties`` the values of ``property_keys``."""
+        out, escape, unsubscribe = Rendered(), html_lib.escape, UNSUBSCRIBE_URL
+        subject_format, subject_keys, subject_defaults = self._subject
+        html_format, html_keys, html_defaults = self._html
+        property_keys, sign, link_start, html_link = (
+            self.property_keys, self._sign, self._link, self._html_link
+        )
+        for contact_id, email, first_name, last_name, properties, *_ in rows:
+            if email is None:
                 out.failed += 1
                 continue
-            own = {"email": r.email}
-            if r.first_name is not None:
-                own["first_name"] = r.first_name
-            if r.last_name is not None:
-                own["last_name"] = r.last_name
-            for name, value in zip(self.property_keys, r.properties or (), strict=False):
-                if value is not None and name not in own:
-                    own[name] = value
-            link = self._link + self._sign(r.contact_id)
-            own[UNSUBSCRIBE_URL] = link
-            if any(key not in own and key not in plan.defaults for key in keys):
+            own = {"email": email}
+            if first_name is not None:
+                own["first_name"] = first_name
+            if last_name is not None:
+                own["last_name"] = last_name
+            if properties:
+                for name, value in zip(property_keys, properties, strict=True):
+                    if value is not None:
+                        own[name] = value
+            token = sign(contact_id)
+            own[unsubscribe] = link_start + token
+            try:
+                subject = subject_format % tuple([
+                    _one_line(own[k]) if k in own else subject_defaults[k] for k in subject_keys
+                ])
+                html = html_format % tuple([
+                    (html_link + token if k == unsubscribe else escape(own[k]))
+                    if k in own else html_defaults[k] for k in html_keys
+                ])
+                text = None
+                if self._text is not None:
+                    text_format, text_keys, text_defaults = self._text
+                    text = text_format % tuple([
+                        own[k] if k in own else text_defaults[k] for k in text_keys
+                    ])
+            except KeyError:  # a key with no value for this recipient
                 out.failed += 1
                 continue
-            subject = {**subject_defaults, **{k: _one_line(v) for k, v in own.items()}}
-            html = {**html_defaults, **{k: escape(v) for k, v in own.items()}}
-            out.contact_ids.append(r.contact_id)
-            out.emails.append(r.email)
-            out.subjects.append(_fill(plan.subject, subject))
-            out.htmls.append(_fill(plan.html, html))
-            out.texts.append(
-                None if plan.text is None else _fill(plan.text, {**plan.defaults, **own})
-            )
-            out.links.append(link)
+            out.contact_ids.append(contact_id)
+            out.emails.append(email)
+            out.subjects.append(subject)
+            out.htmls.append(html)
+            out.texts.append(text)
+            out.links.append(own[unsubscribe])
         return out
-
-
-@dataclass(frozen=True)
-class Recipient:
-    """What a batch reads of one recipient (``email`` None: no email, or the
-    contact was deleted after the snapshot); ``properties`` follow
-    ``Renderer.property_keys``."""
-
-    contact_id: UUID
-    email: str | None
-    first_name: str | None
-    last_name: str | None
-    properties: Sequence[str | None] | None
-
-
-def _fill(part: Part, values: Mapping[str, str]) -> str:
-    return _format(part) % tuple([values[key] for key in part.keys])
-
-
-_FORMATS: dict[tuple[str, ...], str] = {}
 
 
 def _format(part: Part) -> str:
     """The part as a ``%``-format string with one ``%s`` per key."""
-    pieces = tuple(part.pieces)
-    found = _FORMATS.get(pieces)
-    if found is None:
-        if len(_FORMATS) > 64:
-            _FORMATS.clear()
-        found = _FORMATS[pieces] = "%s".join(piece.replace("%", "%%") for piece in pieces)
-    return found
+    return "%s".join(piece.replace("%", "%%") for piece in part.pieces)
