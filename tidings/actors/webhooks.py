@@ -22,7 +22,6 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
-import httpcore
 import httpx
 import trio
 
@@ -33,12 +32,21 @@ from tidings.storage import webhook_delivery as store
 from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
 from tidings.storage.webhooks import DUE_CHANNEL
-from tidings.webhooks.safety import Guard, GuardedBackend
-from tidings.webhooks.signing import signature_header
+from tidings.webhooks.client import (
+    AttemptError,
+    ConnectFailed,
+    Pool,
+    UnsupportedUrl,
+    parse_target,
+    request_bytes,
+)
+from tidings.webhooks.safety import Guard
+from tidings.webhooks.signing import Signer
 
 log = logging.getLogger("tidings.webhooks")
 
 USER_AGENT = b"Tidings-Webhooks/1"
+CONTENT_TYPE = b"application/json"
 # What an attempt keeps of the response body.
 RESPONSE_BODY_LIMIT = 2048
 # An endpoint actor with nothing to do for this long stops.
@@ -111,22 +119,24 @@ class EndpointJob:
     def __init__(self, endpoint_id: UUID, webhooks: Webhooks) -> None:
         self._id = endpoint_id
         self._webhooks = webhooks
-        self._pool: httpcore.AsyncConnectionPool | None = None
+        self._pool: Pool | None = None
+        self._signer: Signer | None = None
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[object]:
         webhooks = self._webhooks
-        limit = webhooks.config.webhook_concurrency
-        async with httpcore.AsyncConnectionPool(
-            ssl_context=webhooks.ssl_context,
-            max_connections=limit,
-            max_keepalive_connections=limit,
-            keepalive_expiry=30.0,
-            retries=0,
-            network_backend=GuardedBackend(webhooks.guard),
-        ) as pool:
-            self._pool = pool
+        pool = Pool(
+            webhooks.guard,
+            webhooks.ssl_context,
+            keep_idle=webhooks.config.webhook_concurrency,
+            keepalive_seconds=30.0,
+        )
+        self._pool = pool
+        try:
             yield pool
+        finally:
+            with trio.CancelScope(shield=True):
+                await pool.aclose()
 
     async def claim(self, limit: int) -> Batch[Item]:
         webhooks = self._webhooks
@@ -162,50 +172,45 @@ class EndpointJob:
             store.release, [claimed.id for _target, claimed in items], webhooks.owner
         )
 
+    def _sign(self, target: store.Target, timestamp: int, body: bytes) -> bytes:
+        signer = self._signer
+        if signer is None or signer.secrets != target.secrets:
+            signer = self._signer = Signer(target.secrets)
+        return signer.header(timestamp, body)
+
     async def _post(self, target: store.Target, claimed: store.Claimed) -> store.Outcome:
         assert self._pool is not None
         webhooks = self._webhooks
         timeout = webhooks.config.webhook_timeout_seconds
         started_at = datetime.now(UTC)
         began = trio.current_time()
-        headers = [
-            (b"Content-Type", b"application/json"),
-            (b"User-Agent", USER_AGENT),
-            (b"X-Service-Event", claimed.event_type.encode()),
-            (
-                b"X-Service-Signature",
-                signature_header(target.secrets, int(time.time()), claimed.body).encode(),
-            ),
-            (b"X-Service-Delivery", str(claimed.id).encode()),
-        ]
         status: int | None = None
         body: str | None = None
         error: str | None = None
         with trio.move_on_after(timeout) as scope:
             try:
-                async with self._pool.stream(
-                    "POST",
-                    target.url,
-                    headers=headers,
-                    content=claimed.body,
-                    extensions={"timeout": {"connect": timeout, "read": timeout,
-                                            "write": timeout, "pool": timeout}},
-                ) as response:
-                    status = response.status
-                    collected = bytearray()
-                    async for chunk in response.aiter_stream():
-                        collected += chunk
-                        if len(collected) >= RESPONSE_BODY_LIMIT:
-                            break
-                    body = _text(bytes(collected[:RESPONSE_BODY_LIMIT]))
-            except httpcore.TimeoutException:
-                error = f"no response within {timeout:g} s"
-            except httpcore.ConnectError as failure:
+                where = parse_target(target.url)
+                signature = self._sign(target, int(time.time()), claimed.body)
+                request = request_bytes(
+                    where,
+                    [
+                        (b"Content-Type", CONTENT_TYPE),
+                        (b"User-Agent", USER_AGENT),
+                        (b"X-Service-Event", claimed.event_type.encode()),
+                        (b"X-Service-Signature", signature),
+                        (b"X-Service-Delivery", str(claimed.id).encode()),
+                    ],
+                    claimed.body,
+                )
+                response = await self._pool.post(where, request, keep=RESPONSE_BODY_LIMIT)
+                status = response.status
+                body = _text(response.body)
+            except ConnectFailed as failure:
                 error = _text(f"could not connect: {failure}")
-            except (httpcore.NetworkError, httpcore.ProtocolError) as failure:
-                error = _text(f"connection failed: {failure or type(failure).__name__}")
-            except httpcore.UnsupportedProtocol as failure:
+            except UnsupportedUrl as failure:
                 error = _text(f"unsupported URL: {failure}")
+            except AttemptError as failure:
+                error = _text(f"connection failed: {failure}")
             except Exception as failure:  # recorded as a failed attempt, never a stuck delivery
                 log.exception("attempt of delivery %s failed unexpectedly", claimed.id)
                 error = _text(f"request failed: {type(failure).__name__}: {failure}")
