@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -51,6 +51,12 @@ CONTENT_TYPE = b"application/json"
 RESPONSE_BODY_LIMIT = 2048
 # An endpoint actor with nothing to do for this long stops.
 IDLE_SECONDS = 30.0
+# A claim leases up to this many times the in-flight limit, in one round trip;
+# what is not sent at once waits in the actor's backlog ...
+CLAIM_AHEAD = 4
+# ... for at most this long: older claimed deliveries are given back unattempted,
+# so an endpoint disabled or changed meanwhile sees at most this much of the old.
+BACKLOG_SECONDS = 1.0
 
 # A claimed delivery, with where it goes.
 Item = tuple[store.Target, store.Claimed]
@@ -121,6 +127,8 @@ class EndpointJob:
         self._webhooks = webhooks
         self._pool: Pool | None = None
         self._signer: Signer | None = None
+        # Claimed deliveries not yet handed out, with when they were claimed.
+        self._backlog: deque[tuple[Item, float]] = deque()
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[object]:
@@ -137,20 +145,45 @@ class EndpointJob:
         finally:
             with trio.CancelScope(shield=True):
                 await pool.aclose()
+                left = [item for item, _at in self._backlog]
+                self._backlog.clear()
+                if left:
+                    with trio.move_on_after(2):
+                        await self.release(left)
 
     async def claim(self, limit: int) -> Batch[Item]:
+        """Hand out up to ``limit`` claimed deliveries, claiming ahead in one round trip."""
         webhooks = self._webhooks
-        claim = await webhooks.db.run(
-            store.claim_due,
-            self._id,
-            webhooks.owner,
-            limit,
-            webhooks.lease_seconds,
-            webhooks.first_delay,
-        )
-        target = claim.target
-        items = [] if target is None else [(target, claimed) for claimed in claim.deliveries]
-        return Batch(items, claim.next_due_in)
+        backlog = self._backlog
+        now = trio.current_time()
+        stale = []
+        while backlog and now - backlog[0][1] > BACKLOG_SECONDS:
+            stale.append(backlog.popleft()[0])
+        if stale:
+            await self.release(stale)
+        next_due_in: float | None = 0.0
+        if len(backlog) < limit:
+            want = max(limit, CLAIM_AHEAD * webhooks.config.webhook_concurrency) - len(backlog)
+            claim = await webhooks.db.run(
+                store.claim_due,
+                self._id,
+                webhooks.owner,
+                want,
+                webhooks.lease_seconds,
+                webhooks.first_delay,
+            )
+            target = claim.target
+            if target is None:
+                # Disabled or deleted: what was claimed before is not sent either.
+                left = [item for item, _at in backlog]
+                backlog.clear()
+                if left:
+                    await self.release(left)
+                return Batch([], None)
+            backlog.extend(((target, claimed), now) for claimed in claim.deliveries)
+            next_due_in = claim.next_due_in
+        items = [backlog.popleft()[0] for _ in range(min(limit, len(backlog)))]
+        return Batch(items, next_due_in)
 
     async def perform(self, item: Item) -> store.Outcome:
         outcome = await self._post(*item)
