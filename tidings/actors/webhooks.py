@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
@@ -56,10 +56,78 @@ IDLE_SECONDS = 30.0
 CLAIM_AHEAD = 4
 # ... for at most this long: older claimed deliveries are given back unattempted,
 # so an endpoint disabled or changed meanwhile sees at most this much of the old.
+# When that happens the actor claims less ahead (halving, down to the in-flight
+# limit), and more again (a limit's worth per claim) while its backlog keeps up.
 BACKLOG_SECONDS = 1.0
 
 # A claimed delivery, with where it goes.
 Item = tuple[store.Target, store.Claimed]
+# A finished attempt, ready to record.
+Recorded = tuple[store.Claimed, store.Outcome]
+# The longest one batch of attempts may take to write.
+RECORD_SECONDS = 10.0
+
+
+class RecordFailed(Exception):
+    """A batch of attempts could not be written (see the cause)."""
+
+
+class _Gathering:
+    def __init__(self) -> None:
+        self.items: list[Recorded] = []
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+class SharedRecorder:
+    """Writes the finished attempts of every endpoint actor of a process, together.
+
+    One batch is written at a time, in one statement; the attempts that
+    finish meanwhile, whichever endpoint they went to, gather and go in the
+    next batch. So the batches grow with the rate of deliveries, not with one
+    endpoint's. :meth:`record` returns once its attempts are written (raises
+    RecordFailed if that failed), as a single actor's record would.
+    """
+
+    def __init__(self, write: Callable[[list[Recorded]], Awaitable[None]]) -> None:
+        self._write = write
+        self._gathering = _Gathering()
+        self._writing = False
+        self._written = trio.Event()
+        self.batches = 0
+
+    async def record(self, items: Sequence[Recorded]) -> None:
+        gathering = self._gathering
+        gathering.items.extend(items)
+        try:
+            while self._writing and not gathering.done.is_set():
+                await self._written.wait()
+        except BaseException:
+            if gathering is self._gathering:  # not taken yet: take them back out
+                for item in items:
+                    gathering.items.remove(item)
+            raise
+        if not gathering.done.is_set():
+            await self._write_batch(gathering)
+        if gathering.error is not None:
+            raise RecordFailed("the attempts were not recorded") from gathering.error
+
+    async def _write_batch(self, gathering: _Gathering) -> None:
+        self._gathering = _Gathering()
+        self._writing = True
+        self._written = trio.Event()
+        try:
+            # Other actors' attempts are in this batch: finish it even if this
+            # actor is being stopped.
+            with trio.CancelScope(shield=True), trio.fail_after(RECORD_SECONDS):
+                await self._write(gathering.items)
+            self.batches += 1
+        except BaseException as error:
+            gathering.error = error
+        finally:
+            gathering.done.set()
+            self._writing = False
+            self._written.set()
 
 
 class Webhooks:
@@ -79,6 +147,12 @@ class Webhooks:
         self.due: Due[UUID] | None = None
         # Attempts made by this process, by the state they moved their delivery to.
         self.attempts: Counter[str] = Counter()
+        self.recorder = SharedRecorder(self._write_attempts)
+
+    async def _write_attempts(self, done: list[Recorded]) -> None:
+        await self.db.run(
+            store.record_attempts, done, self.owner, self.config.webhook_auto_disable_after
+        )
 
     def wake(self, endpoint_id: UUID) -> None:
         """Tell the endpoint's actor to look for due deliveries (start it if needed)."""
@@ -129,6 +203,10 @@ class EndpointJob:
         self._signer: Signer | None = None
         # Claimed deliveries not yet handed out, with when they were claimed.
         self._backlog: deque[tuple[Item, float]] = deque()
+        limit = webhooks.config.webhook_concurrency
+        self._most_ahead = CLAIM_AHEAD * limit
+        # How many deliveries a claim asks for now.
+        self._ahead = self._most_ahead
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[object]:
@@ -159,11 +237,15 @@ class EndpointJob:
         stale = []
         while backlog and now - backlog[0][1] > BACKLOG_SECONDS:
             stale.append(backlog.popleft()[0])
+        step = webhooks.config.webhook_concurrency
         if stale:
             await self.release(stale)
+            self._ahead = max(step, self._ahead // 2)
         next_due_in: float | None = 0.0
         if len(backlog) < limit:
-            want = max(limit, CLAIM_AHEAD * webhooks.config.webhook_concurrency) - len(backlog)
+            if not stale:
+                self._ahead = min(self._most_ahead, self._ahead + step)
+            want = max(limit, self._ahead) - len(backlog)
             claim = await webhooks.db.run(
                 store.claim_due,
                 self._id,
@@ -191,12 +273,8 @@ class EndpointJob:
         return outcome
 
     async def record(self, done: Sequence[tuple[Item, store.Outcome]]) -> None:
-        webhooks = self._webhooks
-        await webhooks.db.run(
-            store.record_attempts,
-            [(claimed, outcome) for (_target, claimed), outcome in done],
-            webhooks.owner,
-            webhooks.config.webhook_auto_disable_after,
+        await self._webhooks.recorder.record(
+            [(claimed, outcome) for (_target, claimed), outcome in done]
         )
 
     async def release(self, items: Sequence[Item]) -> None:
