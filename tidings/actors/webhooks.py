@@ -20,6 +20,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from functools import lru_cache
 from uuid import UUID, uuid4
 
 import httpx
@@ -64,8 +65,9 @@ BACKLOG_SECONDS = 1.0
 Item = tuple[store.Target, store.Claimed]
 # A finished attempt, ready to record.
 Recorded = tuple[store.Claimed, store.Outcome]
-# The longest one batch of attempts may take to write.
-RECORD_SECONDS = 10.0
+# The longest one batch of attempts may take to write. Generous: a batch that
+# times out is handed back, and its deliveries are sent again.
+RECORD_SECONDS = 60.0
 
 
 class RecordFailed(Exception):
@@ -331,6 +333,12 @@ class EndpointJob:
         return webhooks.outcome_of(claimed, started_at, duration_ms, status, body, error)
 
 
+@lru_cache(maxsize=4096)
+def _endpoint_id(payload: str) -> UUID:
+    """The endpoint a notification names (the same few, many times a second)."""
+    return UUID(payload)
+
+
 def start_webhooks(runtime: Runtime, db: Database, config: Config, guard: Guard) -> Webhooks:
     """Register webhook delivery with the runtime: its due work, one actor per endpoint."""
     webhooks = Webhooks(db, config, guard)
@@ -347,7 +355,7 @@ def start_webhooks(runtime: Runtime, db: Database, config: Config, guard: Guard)
             name="webhook-endpoints",
             channel=DUE_CHANNEL,
             due=webhooks.due_endpoints,
-            parse=UUID,
+            parse=_endpoint_id,
             actor=endpoint_actor,
             poll_seconds=config.webhook_poll_seconds,
         )
