@@ -10,17 +10,28 @@ arrive. Two rounds:
 * degraded: a quarter of the receivers answer 500 or never answer (half
   each; the service's timeout is ``--timeout`` seconds), the rest answer 200.
 
-Each round has a paced phase (``--rate`` events per second for ``--seconds``)
-that gives the latency from an event's commit to its arrival at a receiver
-(p50/p99), and a burst phase (``--burst`` events as fast as they commit)
-that gives deliveries per second: 2xx answers received per second from the
-first commit to the last arrival. In the degraded round both figures count
-the healthy receivers only: what a broken endpoint costs everyone else.
+Each round has a paced phase (``--rate`` deliveries per second in all, for
+``--seconds``: events committed at ``rate / endpoints`` per second, each going
+to every endpoint of the round) that gives the latency from an event's commit
+to its arrival at a receiver (p50/p99), and a burst phase (``--burst`` events,
+``--burst-batch`` per transaction, so that committing them does not set the
+pace) that gives deliveries per second: 2xx answers
+received per second from the first commit to the last arrival, and the
+service process's CPU time per delivery over the burst. In the degraded round
+both figures count the healthy receivers only: what a broken endpoint costs
+everyone else.
+
+``--service-path DIR`` runs the service from another checkout (A/B beside a
+reference in one sitting); ``--profile FILE`` records a py-spy profile of the
+service during the healthy burst.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,13 +51,71 @@ from tidings.storage.events import record_event
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoints", type=int, default=16, help="receivers (one endpoint each)")
-    parser.add_argument("--rate", type=float, default=5.0, help="paced events per second")
+    parser.add_argument(
+        "--rate", type=float, default=200.0,
+        help="paced deliveries per second in all (events/s times endpoints)",
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the paced phase")
     parser.add_argument("--burst", type=int, default=500, help="events in the burst phase")
+    parser.add_argument(
+        "--burst-batch", type=int, default=50,
+        help="burst events committed per transaction (1: each alone)",
+    )
     parser.add_argument("--timeout", type=float, default=2.0, help="WEBHOOK_TIMEOUT_SECONDS")
     parser.add_argument(
         "--concurrency", type=int, default=None, help="TIDINGS_WEBHOOK_CONCURRENCY"
     )
+    parser.add_argument(
+        "--rounds", default="healthy,degraded", help="which rounds to run (comma-separated)"
+    )
+    parser.add_argument(
+        "--service-path", type=Path, default=None,
+        help="run the service from this checkout (put first on its PYTHONPATH)",
+    )
+    parser.add_argument(
+        "--profile", type=Path, default=None,
+        help="write a py-spy raw profile of the service's healthy burst here",
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+class CpuWatch:
+    """CPU seconds of the service, its PostgreSQL (all backends), the receiver, this process."""
+
+    def __init__(self, service: int, postmaster: int, receiver: int) -> None:
+        self.service = service
+        self.postmaster = postmaster
+        self.receiver = receiver
+
+    def read(self) -> dict[str, float]:
+        backends = [self.postmaster, *children_of(self.postmaster)]
+        return {
+            "service": cpu_seconds(self.service),
+            "postgres": sum(cpu_seconds(pid) for pid in backends),
+            "receiver": cpu_seconds(self.receiver),
+            "bench": time.process_time(),
+        }
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -64,21 +133,29 @@ class Round:
         self.healthy = {port for port, mode in ports if mode == "ok"}
         self.endpoint_ids: list[UUID] = []
         self.committed: dict[str, tuple[str, float]] = {}  # event id -> (phase, commit time)
+        self.burst_cpu: dict[str, float] = {}
+        self.burst_commit_seconds = 0.0
 
 
 async def emit(
-    conn: Any, team_id: UUID, round_: Round, phase: str, count: int, every: float
+    conn: Any, team_id: UUID, round_: Round, phase: str, count: int, every: float,
+    per_transaction: int = 1,
 ) -> None:
     started = time.monotonic()
-    for n in range(count):
+    for first in range(0, count, per_transaction):
         if every:
-            await trio.sleep(max(0.0, started + n * every - time.monotonic()))
+            await trio.sleep(max(0.0, started + first * every - time.monotonic()))
+        ids = []
         async with conn.transaction():
-            event, _ = await record_event(
-                conn, team_id, round_.event_type, channel="email",
-                recipient=f"user{n}@bench.example", data={"phase": phase, "n": n},
-            )
-        round_.committed[str(event.id)] = (phase, time.time())
+            for n in range(first, min(count, first + per_transaction)):
+                event, _ = await record_event(
+                    conn, team_id, round_.event_type, channel="email",
+                    recipient=f"user{n}@bench.example", data={"phase": phase, "n": n},
+                )
+                ids.append(str(event.id))
+        at = time.time()
+        for event_id in ids:
+            round_.committed[event_id] = (phase, at)
 
 
 async def wait_delivered(conn: Any, round_: Round, healthy_ids: list[UUID], within: float) -> None:
@@ -96,7 +173,9 @@ async def wait_delivered(conn: Any, round_: Round, healthy_ids: list[UUID], with
         await trio.sleep(0.2)
 
 
-async def drive(url: str, team_id: UUID, rounds: list[Round], args: argparse.Namespace) -> None:
+async def drive(
+    url: str, team_id: UUID, rounds: list[Round], args: argparse.Namespace, watch: CpuWatch
+) -> None:
     async with open_asyncio_bridge(), triopg.connect(url) as conn:
         for round_ in rounds:
             healthy_ids = [
@@ -104,13 +183,40 @@ async def drive(url: str, team_id: UUID, rounds: list[Round], args: argparse.Nam
                     round_.endpoint_ids, round_.ports, strict=True
                 ) if mode == "ok"
             ]
-            paced = int(args.rate * args.seconds)
-            log(f"{round_.name}: paced phase, {paced} events at {args.rate:g}/s")
-            await emit(conn, team_id, round_, "paced", paced, 1 / args.rate)
+            events_per_s = args.rate / len(round_.ports)
+            paced = int(events_per_s * args.seconds)
+            log(
+                f"{round_.name}: paced phase, {paced} events at {events_per_s:g}/s "
+                f"({args.rate:g} deliveries/s)"
+            )
+            await emit(conn, team_id, round_, "paced", paced, 1 / events_per_s)
             await wait_delivered(conn, round_, healthy_ids, within=120)
             log(f"{round_.name}: burst phase, {args.burst} events")
-            await emit(conn, team_id, round_, "burst", args.burst, 0)
+            profiler = None
+            if args.profile is not None and round_.name == "healthy":
+                profiler = start_profiler(args.profile, watch.service)
+            before = watch.read()
+            started = time.monotonic()
+            await emit(conn, team_id, round_, "burst", args.burst, 0, args.burst_batch)
+            round_.burst_commit_seconds = time.monotonic() - started
             await wait_delivered(conn, round_, healthy_ids, within=600)
+            after = watch.read()
+            round_.burst_cpu = {name: after[name] - before[name] for name in after}
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                profiler.wait(60)
+
+
+def start_profiler(out: Path, pid: int) -> subprocess.Popen[bytes]:
+    spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if spy is None:
+        raise HarnessError("--profile needs py-spy (on PATH or in $PY_SPY)")
+    profiler = subprocess.Popen(
+        [spy, "record", "-r", "200", "--format", "raw", "-o", str(out), "--pid", str(pid)],
+        stdout=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # py-spy attaches
+    return profiler
 
 
 def summarize(round_: Round, arrivals: list[tuple[int, str, float]]) -> dict[str, Any]:
@@ -129,10 +235,20 @@ def summarize(round_: Round, arrivals: list[tuple[int, str, float]]) -> dict[str
     if len(burst_arrivals) < expected:
         raise HarnessError(f"{round_.name}: {len(burst_arrivals)} of {expected} burst arrivals")
     span = max(burst_arrivals) - min(burst_commits)
+    # Every endpoint of the round gets an attempt of every burst event.
+    attempted = len(burst_commits) * len(round_.ports)
     return {
         "deliveries_per_s": round(len(burst_arrivals) / span, 1),
         "burst_deliveries": len(burst_arrivals),
         "burst_seconds": round(span, 2),
+        "burst_commit_seconds": round(round_.burst_commit_seconds, 2),
+        "service_cpu_ms_per_attempt": round(
+            round_.burst_cpu.get("service", 0.0) * 1000 / attempted, 3
+        ),
+        # Over the burst, in CPU seconds per second of the burst (1.0 = one core).
+        "cores": {
+            name: round(seconds / span, 2) for name, seconds in round_.burst_cpu.items()
+        },
         "latency_p50_ms": round(statistics.median(latencies), 1),
         "latency_p99_ms": round(percentile(latencies, 0.99), 1),
         "latency_samples": len(latencies),
@@ -151,6 +267,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         Round("healthy", "message.sent", healthy_ports),
         Round("degraded", "message.delivered", degraded_ports),
     ]
+    wanted = set(args.rounds.split(","))
+    rounds = [round_ for round_ in rounds if round_.name in wanted]
+    if not rounds:
+        raise HarnessError(f"--rounds: none of {args.rounds!r} is healthy or degraded")
     env = {
         "WEBHOOK_ALLOW_PRIVATE_URLS": "true",
         "TIDINGS_RATE_LIMIT_PER_SECOND": "0",
@@ -161,6 +281,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     }
     if args.concurrency:
         env["TIDINGS_WEBHOOK_CONCURRENCY"] = str(args.concurrency)
+    if args.service_path is not None:
+        path = [str(args.service_path.resolve()), os.environ.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(part for part in path if part)
     with running_service(env) as service:
         token = service.create_token()
         notes = service.workdir / "arrivals.txt"
@@ -186,7 +309,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             # process exits, which is why the service seemed to leave it running.
             url = _embedded_url(service.data_dir)
             team_id = _team_of(url, rounds[0].endpoint_ids[0])
-            trio.run(drive, url, team_id, rounds, args)
+            watch = CpuWatch(service.process.pid, _postmaster_pid(service.data_dir), receiver.pid)
+            trio.run(drive, url, team_id, rounds, args, watch)
             rss = service.peak_rss_mb()
         finally:
             receiver.terminate()
@@ -200,11 +324,19 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "benchmark": "webhooks",
         "endpoints": count,
         "broken_endpoints_in_degraded": broken,
-        "healthy": summarize(rounds[0], arrivals),
-        "degraded": summarize(rounds[1], arrivals),
+        "paced_deliveries_per_s": args.rate,
+        **{round_.name: summarize(round_, arrivals) for round_ in rounds},
         "peak_rss_mb": rss,
         "shutdown_exit_code": shutdown.exit_code,
     }
+
+
+def _postmaster_pid(data_dir: Path) -> int:
+    pid_file = data_dir.resolve() / "pg" / "postmaster.pid"
+    try:
+        return int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        raise HarnessError("the service's embedded PostgreSQL is not running") from None
 
 
 def _embedded_url(data_dir: Path) -> str:

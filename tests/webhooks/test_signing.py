@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidings.webhooks import WebhookVerificationError, signature_header, verify
+from tidings.webhooks import Signer, WebhookVerificationError, signature_header, verify
 
 # Computed independently: printf '%s' "1700000000.$BODY" | openssl dgst -sha256 -hmac "$SECRET"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -62,3 +62,13 @@ def test_one_secret_given_as_a_string_is_a_type_error() -> None:
     forged = signature_header(["w"], TIMESTAMP, BODY)
     with pytest.raises(TypeError):
         verify(BODY, forged, SECRET, now=TIMESTAMP)  # type: ignore[arg-type]
+
+
+def test_the_signer_makes_the_same_header_as_signature_header() -> None:
+    old = "whsec_old"
+    assert Signer([SECRET]).header(TIMESTAMP, BODY) == EXPECTED.encode()
+    signer = Signer([SECRET, old])
+    for _ in range(2):  # the keyed state is reused, never consumed
+        assert signer.header(TIMESTAMP, BODY).decode() == signature_header(
+            [SECRET, old], TIMESTAMP, BODY
+        )

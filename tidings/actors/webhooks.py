@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from functools import lru_cache
 from uuid import UUID, uuid4
 
-import httpcore
 import httpx
 import trio
 
@@ -33,19 +33,103 @@ from tidings.storage import webhook_delivery as store
 from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
 from tidings.storage.webhooks import DUE_CHANNEL
-from tidings.webhooks.safety import Guard, GuardedBackend
-from tidings.webhooks.signing import signature_header
+from tidings.webhooks.client import (
+    AttemptError,
+    ConnectFailed,
+    Pool,
+    UnsupportedUrl,
+    parse_target,
+    request_bytes,
+)
+from tidings.webhooks.safety import Guard
+from tidings.webhooks.signing import Signer
 
 log = logging.getLogger("tidings.webhooks")
 
 USER_AGENT = b"Tidings-Webhooks/1"
+CONTENT_TYPE = b"application/json"
 # What an attempt keeps of the response body.
 RESPONSE_BODY_LIMIT = 2048
 # An endpoint actor with nothing to do for this long stops.
 IDLE_SECONDS = 30.0
+# A claim leases up to this many times the in-flight limit, in one round trip;
+# what is not sent at once waits in the actor's backlog ...
+CLAIM_AHEAD = 4
+# ... for at most this long: older claimed deliveries are given back unattempted,
+# so an endpoint disabled or changed meanwhile sees at most this much of the old.
+# When that happens the actor claims less ahead (halving, down to the in-flight
+# limit), and more again (a limit's worth per claim) while its backlog keeps up.
+BACKLOG_SECONDS = 1.0
 
 # A claimed delivery, with where it goes.
 Item = tuple[store.Target, store.Claimed]
+# A finished attempt, ready to record.
+Recorded = tuple[store.Claimed, store.Outcome]
+# The longest one batch of attempts may take to write. Generous: a batch that
+# times out is handed back, and its deliveries are sent again.
+RECORD_SECONDS = 60.0
+
+
+class RecordFailed(Exception):
+    """A batch of attempts could not be written (see the cause)."""
+
+
+class _Gathering:
+    def __init__(self) -> None:
+        self.items: list[Recorded] = []
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+class SharedRecorder:
+    """Writes the finished attempts of every endpoint actor of a process, together.
+
+    One batch is written at a time, in one statement; the attempts that
+    finish meanwhile, whichever endpoint they went to, gather and go in the
+    next batch. So the batches grow with the rate of deliveries, not with one
+    endpoint's. :meth:`record` returns once its attempts are written (raises
+    RecordFailed if that failed), as a single actor's record would.
+    """
+
+    def __init__(self, write: Callable[[list[Recorded]], Awaitable[None]]) -> None:
+        self._write = write
+        self._gathering = _Gathering()
+        self._writing = False
+        self._written = trio.Event()
+        self.batches = 0
+
+    async def record(self, items: Sequence[Recorded]) -> None:
+        gathering = self._gathering
+        gathering.items.extend(items)
+        try:
+            while self._writing and not gathering.done.is_set():
+                await self._written.wait()
+        except BaseException:
+            if gathering is self._gathering:  # not taken yet: take them back out
+                for item in items:
+                    gathering.items.remove(item)
+            raise
+        if not gathering.done.is_set():
+            await self._write_batch(gathering)
+        if gathering.error is not None:
+            raise RecordFailed("the attempts were not recorded") from gathering.error
+
+    async def _write_batch(self, gathering: _Gathering) -> None:
+        self._gathering = _Gathering()
+        self._writing = True
+        self._written = trio.Event()
+        try:
+            # Other actors' attempts are in this batch: finish it even if this
+            # actor is being stopped.
+            with trio.CancelScope(shield=True), trio.fail_after(RECORD_SECONDS):
+                await self._write(gathering.items)
+            self.batches += 1
+        except BaseException as error:
+            gathering.error = error
+        finally:
+            gathering.done.set()
+            self._writing = False
+            self._written.set()
 
 
 class Webhooks:
@@ -65,6 +149,12 @@ class Webhooks:
         self.due: Due[UUID] | None = None
         # Attempts made by this process, by the state they moved their delivery to.
         self.attempts: Counter[str] = Counter()
+        self.recorder = SharedRecorder(self._write_attempts)
+
+    async def _write_attempts(self, done: list[Recorded]) -> None:
+        await self.db.run(
+            store.record_attempts, done, self.owner, self.config.webhook_auto_disable_after
+        )
 
     def wake(self, endpoint_id: UUID) -> None:
         """Tell the endpoint's actor to look for due deliveries (start it if needed)."""
@@ -111,36 +201,73 @@ class EndpointJob:
     def __init__(self, endpoint_id: UUID, webhooks: Webhooks) -> None:
         self._id = endpoint_id
         self._webhooks = webhooks
-        self._pool: httpcore.AsyncConnectionPool | None = None
+        self._pool: Pool | None = None
+        self._signer: Signer | None = None
+        # Claimed deliveries not yet handed out, with when they were claimed.
+        self._backlog: deque[tuple[Item, float]] = deque()
+        limit = webhooks.config.webhook_concurrency
+        self._most_ahead = CLAIM_AHEAD * limit
+        # How many deliveries a claim asks for now.
+        self._ahead = self._most_ahead
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[object]:
         webhooks = self._webhooks
-        limit = webhooks.config.webhook_concurrency
-        async with httpcore.AsyncConnectionPool(
-            ssl_context=webhooks.ssl_context,
-            max_connections=limit,
-            max_keepalive_connections=limit,
-            keepalive_expiry=30.0,
-            retries=0,
-            network_backend=GuardedBackend(webhooks.guard),
-        ) as pool:
-            self._pool = pool
+        pool = Pool(
+            webhooks.guard,
+            webhooks.ssl_context,
+            keep_idle=webhooks.config.webhook_concurrency,
+            keepalive_seconds=30.0,
+        )
+        self._pool = pool
+        try:
             yield pool
+        finally:
+            with trio.CancelScope(shield=True):
+                await pool.aclose()
+                left = [item for item, _at in self._backlog]
+                self._backlog.clear()
+                if left:
+                    with trio.move_on_after(2):
+                        await self.release(left)
 
     async def claim(self, limit: int) -> Batch[Item]:
+        """Hand out up to ``limit`` claimed deliveries, claiming ahead in one round trip."""
         webhooks = self._webhooks
-        claim = await webhooks.db.run(
-            store.claim_due,
-            self._id,
-            webhooks.owner,
-            limit,
-            webhooks.lease_seconds,
-            webhooks.first_delay,
-        )
-        target = claim.target
-        items = [] if target is None else [(target, claimed) for claimed in claim.deliveries]
-        return Batch(items, claim.next_due_in)
+        backlog = self._backlog
+        now = trio.current_time()
+        stale = []
+        while backlog and now - backlog[0][1] > BACKLOG_SECONDS:
+            stale.append(backlog.popleft()[0])
+        step = webhooks.config.webhook_concurrency
+        if stale:
+            await self.release(stale)
+            self._ahead = max(step, self._ahead // 2)
+        next_due_in: float | None = 0.0
+        if len(backlog) < limit:
+            if not stale:
+                self._ahead = min(self._most_ahead, self._ahead + step)
+            want = max(limit, self._ahead) - len(backlog)
+            claim = await webhooks.db.run(
+                store.claim_due,
+                self._id,
+                webhooks.owner,
+                want,
+                webhooks.lease_seconds,
+                webhooks.first_delay,
+            )
+            target = claim.target
+            if target is None:
+                # Disabled or deleted: what was claimed before is not sent either.
+                left = [item for item, _at in backlog]
+                backlog.clear()
+                if left:
+                    await self.release(left)
+                return Batch([], None)
+            backlog.extend(((target, claimed), now) for claimed in claim.deliveries)
+            next_due_in = claim.next_due_in
+        items = [backlog.popleft()[0] for _ in range(min(limit, len(backlog)))]
+        return Batch(items, next_due_in)
 
     async def perform(self, item: Item) -> store.Outcome:
         outcome = await self._post(*item)
@@ -148,12 +275,8 @@ class EndpointJob:
         return outcome
 
     async def record(self, done: Sequence[tuple[Item, store.Outcome]]) -> None:
-        webhooks = self._webhooks
-        await webhooks.db.run(
-            store.record_attempts,
-            [(claimed, outcome) for (_target, claimed), outcome in done],
-            webhooks.owner,
-            webhooks.config.webhook_auto_disable_after,
+        await self._webhooks.recorder.record(
+            [(claimed, outcome) for (_target, claimed), outcome in done]
         )
 
     async def release(self, items: Sequence[Item]) -> None:
@@ -162,50 +285,45 @@ class EndpointJob:
             store.release, [claimed.id for _target, claimed in items], webhooks.owner
         )
 
+    def _sign(self, target: store.Target, timestamp: int, body: bytes) -> bytes:
+        signer = self._signer
+        if signer is None or signer.secrets != target.secrets:
+            signer = self._signer = Signer(target.secrets)
+        return signer.header(timestamp, body)
+
     async def _post(self, target: store.Target, claimed: store.Claimed) -> store.Outcome:
         assert self._pool is not None
         webhooks = self._webhooks
         timeout = webhooks.config.webhook_timeout_seconds
         started_at = datetime.now(UTC)
         began = trio.current_time()
-        headers = [
-            (b"Content-Type", b"application/json"),
-            (b"User-Agent", USER_AGENT),
-            (b"X-Service-Event", claimed.event_type.encode()),
-            (
-                b"X-Service-Signature",
-                signature_header(target.secrets, int(time.time()), claimed.body).encode(),
-            ),
-            (b"X-Service-Delivery", str(claimed.id).encode()),
-        ]
         status: int | None = None
         body: str | None = None
         error: str | None = None
         with trio.move_on_after(timeout) as scope:
             try:
-                async with self._pool.stream(
-                    "POST",
-                    target.url,
-                    headers=headers,
-                    content=claimed.body,
-                    extensions={"timeout": {"connect": timeout, "read": timeout,
-                                            "write": timeout, "pool": timeout}},
-                ) as response:
-                    status = response.status
-                    collected = bytearray()
-                    async for chunk in response.aiter_stream():
-                        collected += chunk
-                        if len(collected) >= RESPONSE_BODY_LIMIT:
-                            break
-                    body = _text(bytes(collected[:RESPONSE_BODY_LIMIT]))
-            except httpcore.TimeoutException:
-                error = f"no response within {timeout:g} s"
-            except httpcore.ConnectError as failure:
+                where = parse_target(target.url)
+                signature = self._sign(target, int(time.time()), claimed.body)
+                request = request_bytes(
+                    where,
+                    [
+                        (b"Content-Type", CONTENT_TYPE),
+                        (b"User-Agent", USER_AGENT),
+                        (b"X-Service-Event", claimed.event_type.encode()),
+                        (b"X-Service-Signature", signature),
+                        (b"X-Service-Delivery", str(claimed.id).encode()),
+                    ],
+                    claimed.body,
+                )
+                response = await self._pool.post(where, request, keep=RESPONSE_BODY_LIMIT)
+                status = response.status
+                body = _text(response.body)
+            except ConnectFailed as failure:
                 error = _text(f"could not connect: {failure}")
-            except (httpcore.NetworkError, httpcore.ProtocolError) as failure:
-                error = _text(f"connection failed: {failure or type(failure).__name__}")
-            except httpcore.UnsupportedProtocol as failure:
+            except UnsupportedUrl as failure:
                 error = _text(f"unsupported URL: {failure}")
+            except AttemptError as failure:
+                error = _text(f"connection failed: {failure}")
             except Exception as failure:  # recorded as a failed attempt, never a stuck delivery
                 log.exception("attempt of delivery %s failed unexpectedly", claimed.id)
                 error = _text(f"request failed: {type(failure).__name__}: {failure}")
@@ -213,6 +331,12 @@ class EndpointJob:
             error = f"no response within {timeout:g} s"
         duration_ms = round((trio.current_time() - began) * 1000)
         return webhooks.outcome_of(claimed, started_at, duration_ms, status, body, error)
+
+
+@lru_cache(maxsize=4096)
+def _endpoint_id(payload: str) -> UUID:
+    """The endpoint a notification names (the same few, many times a second)."""
+    return UUID(payload)
 
 
 def start_webhooks(runtime: Runtime, db: Database, config: Config, guard: Guard) -> Webhooks:
@@ -231,7 +355,7 @@ def start_webhooks(runtime: Runtime, db: Database, config: Config, guard: Guard)
             name="webhook-endpoints",
             channel=DUE_CHANNEL,
             due=webhooks.due_endpoints,
-            parse=UUID,
+            parse=_endpoint_id,
             actor=endpoint_actor,
             poll_seconds=config.webhook_poll_seconds,
         )

@@ -11,6 +11,7 @@ Importing this package pulls in nothing but the standard library.
 
 from tidings.webhooks.signing import (
     DEFAULT_TOLERANCE_SECONDS,
+    Signer,
     WebhookVerificationError,
     sign,
     signature_header,
@@ -19,6 +20,7 @@ from tidings.webhooks.signing import (
 
 __all__ = [
     "DEFAULT_TOLERANCE_SECONDS",
+    "Signer",
     "WebhookVerificationError",
     "sign",
     "signature_header",

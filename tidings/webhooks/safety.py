@@ -14,7 +14,6 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable
 from urllib.parse import urlsplit
 
-import httpcore
 import trio
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -23,10 +22,6 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 RESOLVE_TIMEOUT_SECONDS = 5.0
-
-SocketOption = (
-    tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
-)
 
 
 class UnsafeTarget(Exception):
@@ -147,33 +142,3 @@ class Guard:
             await self.addresses(host, port)
         except UnresolvableTarget:
             pass
-
-
-class GuardedBackend(httpcore.TrioBackend):
-    """httpcore's trio network backend, connecting only to vetted addresses."""
-
-    def __init__(self, guard: Guard) -> None:
-        self._guard = guard
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109  (httpcore's interface)
-        local_address: str | None = None,
-        socket_options: Iterable[SocketOption] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        try:
-            addresses = await self._guard.addresses(host, port)
-        except (UnsafeTarget, UnresolvableTarget) as refused:
-            raise httpcore.ConnectError(str(refused)) from None
-        last: Exception | None = None
-        for address in addresses:
-            try:
-                return await super().connect_tcp(
-                    address, port, timeout, local_address, socket_options
-                )
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as error:
-                last = error
-        assert last is not None
-        raise last
