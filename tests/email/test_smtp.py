@@ -299,3 +299,23 @@ async def test_auth(sink: Sink) -> None:
         result = await provider.send(outgoing("ada@example.org"))
         assert "authentication failed" in result.deferred[0].message
     assert len(sink.messages) == 1
+
+
+async def test_a_message_that_cannot_be_signed_fails_alone(sink: Sink, port: int) -> None:
+    provider = SmtpProvider(url(port), "mx.tidings.example")
+    bad = outgoing("bad@example.org", dkim=DkimKey("acme.example", "tidings1", b"not a key"))
+    results: dict[str, object] = {}
+
+    async def send(email_: OutgoingEmail) -> None:
+        try:
+            results[email_.recipients[0]] = (await provider.send(email_)).outcomes[0].type
+        except ValueError as error:
+            results[email_.recipients[0]] = type(error).__name__
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(send, outgoing(f"r{i}@example.org"))
+        nursery.start_soon(send, bad)
+    await provider.aclose()
+    assert results.pop("bad@example.org") == "ValueError"
+    assert set(results.values()) == {"sent"} and len(sink.messages) == 10

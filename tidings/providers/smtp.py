@@ -20,6 +20,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from email.utils import parseaddr
 
 import trio
@@ -41,8 +42,9 @@ NAME = "smtp"
 # A pooled connection idle longer than this is replaced rather than reused:
 # servers drop idle clients after a few minutes (RFC 5321 asks for 5).
 IDLE_SECONDS = 60.0
-# Worker threads that build and sign messages at once.
-RENDER_THREADS = 4
+# Worker threads that build and sign messages at once, and messages per thread hop.
+RENDER_THREADS = 2
+RENDER_BATCH = 16
 
 
 def render(email: OutgoingEmail) -> bytes:
@@ -58,6 +60,56 @@ def render(email: OutgoingEmail) -> bytes:
         message = sign(message, email.dkim.domain, email.dkim.selector,
                        email.dkim.private_key_pem)
     return message
+
+
+@dataclass
+class _Job:
+    email: OutgoingEmail
+    done: trio.Event = field(default_factory=trio.Event)
+    message: bytes | None = None
+    error: Exception | None = None
+
+
+def _render_all(jobs: list[_Job]) -> None:
+    for job in jobs:
+        try:
+            job.message = render(job.email)
+        except Exception as error:  # one bad email fails alone
+            job.error = error
+
+
+class Renderer:
+    """Renders messages in up to ``threads`` worker threads, as many as are
+    waiting (up to ``RENDER_BATCH``) per trip to a thread: a trip costs the
+    event loop about as much CPU as building a message."""
+
+    def __init__(self, threads: int) -> None:
+        self._threads = threads
+        self._running = 0
+        self._queue: list[_Job] = []
+
+    async def render(self, email: OutgoingEmail) -> bytes:
+        job = _Job(email)
+        self._queue.append(job)
+        if self._running < self._threads:
+            self._running += 1
+            try:
+                # Shielded: a batch taken from the queue is always finished, so
+                # nobody waits for a job that no one will render.
+                with trio.CancelScope(shield=True):
+                    while self._queue:
+                        batch = self._queue[:RENDER_BATCH]
+                        del self._queue[:RENDER_BATCH]
+                        await trio.to_thread.run_sync(_render_all, batch)
+                        for done in batch:
+                            done.done.set()
+            finally:
+                self._running -= 1
+        await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        assert job.message is not None
+        return job.message
 
 
 def _outcome(recipient: str, kind: str, reply: Reply) -> EmailOutcome:
@@ -116,14 +168,14 @@ class SmtpProvider:
         self.tls_context = tls_context or ssl.create_default_context()
         self._slots = trio.CapacityLimiter(connections)
         # Building and signing (CPU; OpenSSL's RSA runs without the GIL).
-        self._renderers = trio.CapacityLimiter(RENDER_THREADS)
+        self._renderer = Renderer(RENDER_THREADS)
         self._idle: list[tuple[SmtpConnection, float]] = []
         self._stale: list[SmtpConnection] = []
         # Connections opened so far: tests and metrics see reuse with it.
         self.connections_opened = 0
 
     async def send(self, email: OutgoingEmail) -> EmailResult:
-        message = await trio.to_thread.run_sync(render, email, limiter=self._renderers)
+        message = await self._renderer.render(email)
         domain = email.dkim.domain if email.dkim else parseaddr(email.sender)[1].rpartition("@")[2]
         reference = message_id(email.message_id, domain)
         async with self._slots:
