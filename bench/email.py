@@ -175,6 +175,15 @@ def cpu_seconds(root: int) -> dict[str, float]:
     return totals
 
 
+def _thread_cpu(pid: int) -> float:
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class CpuMeter:
     """CPU per item of the service (its Python processes and PostgreSQL) and the sink."""
 
@@ -191,6 +200,9 @@ class CpuMeter:
     def _read(self) -> dict[str, float]:
         return {
             "service_python": cpu_seconds(self._service)["python"],
+            # The event loop's thread (its id is the process's): with one
+            # worker, the part of the service that cannot use another core.
+            "service_event_loop": _thread_cpu(self._service),
             "postgres": sum(cpu_seconds(pid)["postgres"] for pid in self._postgres),
             "sink": cpu_seconds(self._sink)["python"],
         }
