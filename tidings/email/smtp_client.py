@@ -255,7 +255,8 @@ async def send(
         with trio.fail_after(SOCKET_TIMEOUT_SECONDS):
             if conn.pipelining:
                 # One write for the envelope and DATA; the replies come in order.
-                await conn.write("".join(f"{c}\r\n" for c in (mail, *rcpts, "DATA")).encode())
+                group = "".join(f"{c}\r\n" for c in (mail, *rcpts, "DATA"))
+                await conn.write(group.encode("ascii"))
                 result.mail = await conn.reply()
                 answered = True
                 for recipient in recipients:
