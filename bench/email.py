@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import secrets
+import signal
 import smtplib
 import subprocess
 import sys
@@ -59,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sink-connections", type=int, default=8)
     parser.add_argument("--smtp-connections", type=int, default=16,
                         help="TIDINGS_SMTP_CONNECTIONS of the service")
+    parser.add_argument("--workers", type=int, default=1, help="tidings serve --workers")
+    parser.add_argument("--phases", default="ceiling,accept,drain,latency",
+                        help="which phases to run, comma-separated")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="py-spy record (raw format) of the service during the drain")
 
 
 class PostRequests:
@@ -132,6 +139,78 @@ class Sink:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(10)
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rpartition(")")[2].split()[1])
+            tree.setdefault(parent, []).append(int(entry.name))
+    return tree
+
+
+def cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by ``root`` and its descendants,
+    split into the Python processes and PostgreSQL's."""
+    tree = _children()
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals = {"python": 0.0, "postgres": 0.0}
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        stack.extend(tree.get(pid, []))
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rpartition(")")[2].split()
+        used = (int(fields[11]) + int(fields[12])) / ticks
+        totals["postgres" if "postgres" in name else "python"] += used
+    return totals
+
+
+def _thread_cpu(pid: int) -> float:
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU per item of the service (its Python processes and PostgreSQL) and the sink."""
+
+    def __init__(self, service: Service, sink: Sink) -> None:
+        self._service = service.process.pid
+        self._sink = sink.process.pid
+        # The embedded PostgreSQL runs on its own, not as a child of the service.
+        self._postgres = [
+            int(path.read_text().split()[0])
+            for path in service.data_dir.rglob("postmaster.pid")
+        ]
+        self._start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        return {
+            "service_python": cpu_seconds(self._service)["python"],
+            # The event loop's thread (its id is the process's): with one
+            # worker, the part of the service that cannot use another core.
+            "service_event_loop": _thread_cpu(self._service),
+            "postgres": sum(cpu_seconds(pid)["postgres"] for pid in self._postgres),
+            "sink": cpu_seconds(self._sink)["python"],
+        }
+
+    def per_item_ms(self, items: int) -> dict[str, float]:
+        end = self._read()
+        return {f"{name}_cpu_ms_per_email": round((end[name] - self._start[name]) * 1000 / items, 3)
+                for name in end}
 
 
 def database_url(service: Service) -> str:
@@ -230,10 +309,27 @@ async def accept_phases(
     return results
 
 
+def start_profiler(pid: int, path: str) -> subprocess.Popen[bytes]:
+    """py-spy sampling the service (and its workers) while a thread holds the
+    GIL, until SIGINT."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
+         "--rate", "200", "--subprocesses", "--gil", "--nonblocking", "-o", path,
+         "-p", str(pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
 async def drain_phase(
-    service: Service, token: str, sink: Sink, count: int, connections: int
+    service: Service, token: str, sink: Sink, count: int, connections: int,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     before = sink.count()
+    spy = None
+    if profile:
+        spy = start_profiler(service.process.pid, profile)
+        await trio.sleep(1.0)
+    meter = CpuMeter(service, sink)
     batches = [
         [{"from": f"Bench <news@{DOMAIN}>", "to": f"d{n}@sink.example",
           "subject": "Your receipt", "html": "<h1>Thanks</h1><p>On its way.</p>"}
@@ -257,14 +353,20 @@ async def drain_phase(
                 nursery.start_soon(feed)
         accepted_in = time.time() - started
     await sink.wait_for(before + count, within=900)
+    cpu = meter.per_item_ms(count)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
     last = max(stamp for stamp, _ in sink.arrivals()[before:])
     seconds = last - started
-    log(f"drain: {count} emails accepted in {accepted_in:.1f}s, received in {seconds:.1f}s")
+    log(f"drain: {count} emails accepted in {accepted_in:.1f}s, received in {seconds:.1f}s; "
+        f"{cpu}")
     return {
         "emails": count,
         "accepted_per_s": round(count / accepted_in, 1),
         "seconds_first_accept_to_last_received": round(seconds, 2),
         "drained_per_s": round(count / seconds, 1),
+        **cpu,
     }
 
 
@@ -305,16 +407,24 @@ async def latency_phase(
 async def measure(
     service: Service, token: str, sink: Sink, args: argparse.Namespace
 ) -> dict[str, Any]:
-    log(f"sink ceiling: {args.sink_seconds:g}s on {args.sink_connections} connections")
-    ceiling = await trio.to_thread.run_sync(
-        sink_ceiling, sink.port, args.sink_seconds, args.sink_connections
-    )
-    log(f"sink ceiling: {ceiling:.0f} messages/s")
-    accept = await accept_phases(service, token, sink, args)
-    drain = await drain_phase(service, token, sink, args.drain, 4)
-    latency = await latency_phase(service, token, sink, args.latency_count, args.latency_rate)
-    return {"sink_ceiling_per_s": round(ceiling, 1), "accept": accept, "drain": drain,
-            "latency": latency}
+    phases = set(args.phases.split(","))
+    results: dict[str, Any] = {}
+    if "ceiling" in phases:
+        log(f"sink ceiling: {args.sink_seconds:g}s on {args.sink_connections} connections")
+        ceiling = await trio.to_thread.run_sync(
+            sink_ceiling, sink.port, args.sink_seconds, args.sink_connections
+        )
+        log(f"sink ceiling: {ceiling:.0f} messages/s")
+        results["sink_ceiling_per_s"] = round(ceiling, 1)
+    if "accept" in phases:
+        results["accept"] = await accept_phases(service, token, sink, args)
+    if "drain" in phases:
+        results["drain"] = await drain_phase(service, token, sink, args.drain, 4, args.profile)
+    if "latency" in phases:
+        results["latency"] = await latency_phase(
+            service, token, sink, args.latency_count, args.latency_rate
+        )
+    return results
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -330,7 +440,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             # There is no DNS for the bench domain: no re-check during the run.
             "TIDINGS_DOMAIN_RECHECK_SECONDS": "86400",
         }
-        with running_service(env) as service:
+        serve_args = ["--workers", str(args.workers)] if args.workers > 1 else []
+        with running_service(env, serve_args=serve_args) as service:
             token = service.create_token("bench")
             verify_domain(service, token)
             log("token created, sending domain verified")
@@ -343,6 +454,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "bench": "email",
         "seconds": args.seconds,
         "connections": args.connections,
+        "workers": args.workers,
         **results,
         "service_peak_rss_mb": peak_rss_mb,
         "shutdown_exit_code": shutdown.exit_code,

@@ -168,8 +168,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             assert sink.stdout is not None and sink.stdin is not None
             port = int(sink.stdout.readline())
             started = time.perf_counter()
+            cpu_started = time.process_time()
             CLIENTS[name](port, args.messages, args.connections, key)
             elapsed = time.perf_counter() - started
+            cpu = time.process_time() - cpu_started
             sink.stdin.write("count\n")
             sink.stdin.flush()
             received = int(sink.stdout.readline())
@@ -177,7 +179,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sink.kill()
             sink.wait()
         rate = received / elapsed
-        log(f"{name}: {received} messages in {elapsed:.2f} s: {rate:.0f}/s")
+        # The sink's ceiling runs in child processes: no CPU of this one to show.
+        cpu_ms = None if name == "sink" else round(cpu * 1000 / max(received, 1), 3)
+        log(f"{name}: {received} messages in {elapsed:.2f} s: {rate:.0f}/s, {cpu_ms} ms CPU each")
         results[name] = {"received": received, "seconds": round(elapsed, 2),
-                         "per_second": round(rate)}
+                         "per_second": round(rate), "cpu_ms_per_message": cpu_ms}
     return results

@@ -15,6 +15,13 @@ class Counter:
     def __init__(self) -> None:
         self.messages = 0
 
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        # aiosmtpd serves pipelined commands in order; it just does not offer them.
+        session.host_name = hostname
+        return [*responses[:-1], "250-PIPELINING", responses[-1]]
+
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         self.messages += 1
         return "250 2.0.0 queued"

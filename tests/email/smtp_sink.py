@@ -39,6 +39,16 @@ class Sink:
     mail_reply: str | None = None
     data_reply: str | None = None
     tls_sessions: set[int] = field(default_factory=set)
+    # Offer PIPELINING (aiosmtpd serves pipelined commands, but does not say so).
+    pipelining: bool = True
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        session.host_name = hostname
+        if not self.pipelining:
+            return responses
+        return [*responses[:-1], "250-PIPELINING", responses[-1]]
 
     async def handle_MAIL(
         self, server: Any, session: Any, envelope: Any, address: str, options: list[str]

@@ -107,7 +107,11 @@ async def test_non_ascii_and_dots_survive_signing(sink: Sink, port: int) -> None
     assert content == "Première ligne\n.\n..deux points\nfin\n"
 
 
-async def test_bounce_at_rcpt_and_temporary_failure(sink: Sink, port: int) -> None:
+@pytest.mark.parametrize("pipelining", [True, False])
+async def test_bounce_at_rcpt_and_temporary_failure(
+    sink: Sink, port: int, pipelining: bool
+) -> None:
+    sink.pipelining = pipelining
     sink.rcpt_replies["gone@example.org"] = "550 5.1.1 no such user"
     sink.rcpt_replies["full@example.org"] = "452 4.2.2 mailbox full"
     provider = SmtpProvider(url(port), "mx.tidings.example")
@@ -133,7 +137,9 @@ async def test_bounce_at_rcpt_and_temporary_failure(sink: Sink, port: int) -> No
     await provider.aclose()
 
 
-async def test_replies_at_data_and_mail(sink: Sink, port: int) -> None:
+@pytest.mark.parametrize("pipelining", [True, False])
+async def test_replies_at_data_and_mail(sink: Sink, port: int, pipelining: bool) -> None:
+    sink.pipelining = pipelining
     provider = SmtpProvider(url(port), "mx.tidings.example")
     sink.data_reply = "554 5.7.1 message refused as spam"
     result = await provider.send(outgoing("ada@example.org", "bo@example.org"))
@@ -149,6 +155,45 @@ async def test_replies_at_data_and_mail(sink: Sink, port: int) -> None:
     result = await provider.send(outgoing("ada@example.org"))
     assert [d.code for d in result.deferred] == ["421"]
     await provider.aclose()
+
+
+async def test_envelope_is_pipelined_when_offered() -> None:
+    """A server that answers nothing until MAIL, RCPT and DATA have all come:
+    only a client that pipelines them gets through (RFC 2920)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    groups: list[bytes] = []
+
+    async def serve(stream: trio.SocketStream) -> None:
+        buffer = b""
+
+        async def until(marker: bytes) -> bytes:
+            nonlocal buffer
+            while marker not in buffer:
+                buffer += await stream.receive_some(65536)
+            head, _, buffer = buffer.partition(marker)
+            return head + marker
+
+        await stream.send_all(b"220 ready\r\n")
+        await until(b"\r\n")
+        await stream.send_all(b"250-fake\r\n250 PIPELINING\r\n")
+        groups.append(await until(b"DATA\r\n"))
+        await stream.send_all(b"250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n")
+        await until(b"\r\n.\r\n")
+        await stream.send_all(b"250 queued\r\n")
+        await until(b"QUIT\r\n")
+        await stream.send_all(b"221 bye\r\n")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, serve, listeners)
+        provider = SmtpProvider(url(port), "mx.tidings.example")
+        with trio.fail_after(5):
+            result = await provider.send(outgoing("ada@example.org", "bo@example.org"))
+            await provider.aclose()
+        nursery.cancel_scope.cancel()
+    assert [o.type for o in result.outcomes] == ["sent", "sent"]
+    assert groups == [b"MAIL FROM:<b-1@bounces.acme.example>\r\nRCPT TO:<ada@example.org>\r\n"
+                      b"RCPT TO:<bo@example.org>\r\nDATA\r\n"]
 
 
 async def test_many_messages_over_one_connection(sink: Sink, port: int) -> None:
@@ -254,3 +299,23 @@ async def test_auth(sink: Sink) -> None:
         result = await provider.send(outgoing("ada@example.org"))
         assert "authentication failed" in result.deferred[0].message
     assert len(sink.messages) == 1
+
+
+async def test_a_message_that_cannot_be_signed_fails_alone(sink: Sink, port: int) -> None:
+    provider = SmtpProvider(url(port), "mx.tidings.example")
+    bad = outgoing("bad@example.org", dkim=DkimKey("acme.example", "tidings1", b"not a key"))
+    results: dict[str, object] = {}
+
+    async def send(email_: OutgoingEmail) -> None:
+        try:
+            results[email_.recipients[0]] = (await provider.send(email_)).outcomes[0].type
+        except ValueError as error:
+            results[email_.recipients[0]] = type(error).__name__
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(send, outgoing(f"r{i}@example.org"))
+        nursery.start_soon(send, bad)
+    await provider.aclose()
+    assert results.pop("bad@example.org") == "ValueError"
+    assert set(results.values()) == {"sent"} and len(sink.messages) == 10

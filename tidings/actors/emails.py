@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID, uuid4
 
 import trio
@@ -108,10 +109,10 @@ class Emails:
                 for r in recipients
             ))
             # Nothing to wait for: fail now.
-            return self._finish(email, result, changes, clock, final=True)
+            return self._finish(email, result, changes, clock, data, final=True)
         else:
             result = await self._send(email, domain, tuple(recipients))
-        return self._finish(email, result, changes, clock, final=False)
+        return self._finish(email, result, changes, clock, data, final=False)
 
     async def _send(
         self, email: store.Claimed, domain: SendingDomain, recipients: tuple[str, ...]
@@ -147,11 +148,11 @@ class Emails:
         result: EmailResult,
         changes: list[Change],
         clock: Clock,
+        data: dict[str, Any],
         *,
         final: bool,
     ) -> store.Attempted:
         now = datetime.now(UTC)
-        data = email.data()
         for o in result.now():
             changes.append(Change(email.id, email.team_id, o.type, o.recipient, clock.tick(),
                                   result.provider, data, code=o.code, message=o.message))

@@ -2,11 +2,11 @@
 
 Messages go to one relay over a pool of persistent connections
 (``TIDINGS_SMTP_CONNECTIONS``), each reused for message after message and
-replaced when it fails. Each send runs in a worker thread that builds the
-MIME message, signs it with the domain's DKIM key (OpenSSL's RSA releases
-the GIL, so signing runs on every core) and carries the SMTP transaction on
-a pooled ``smtplib`` connection; ``docs/email.md`` has the measurements
-behind that choice.
+replaced when it fails. A worker thread builds the MIME message and signs
+it with the domain's DKIM key (OpenSSL's RSA releases the GIL, so signing
+runs beside the event loop); the SMTP transaction runs on trio sockets, the
+envelope pipelined when the server offers PIPELINING. ``docs/email.md`` has
+the measurements behind that choice.
 
 Per recipient: accepted after the message → ``sent``; a 5xx at RCPT or at
 DATA → ``bounced``; a 5xx to MAIL FROM (the relay refuses the sender) →
@@ -16,12 +16,11 @@ the worker to retry with backoff.
 
 from __future__ import annotations
 
-import smtplib
 import ssl
-import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from email.utils import parseaddr
 
 import trio
@@ -30,7 +29,7 @@ from tidings.config import Config, SmtpUrl
 from tidings.email import smtp_client
 from tidings.email.mime import build_message, message_id
 from tidings.email.signing import sign
-from tidings.email.smtp_client import Reply, SmtpConnectionError, Transaction
+from tidings.email.smtp_client import Reply, SmtpConnection, SmtpConnectionError, Transaction
 from tidings.providers.email import (
     Deferral,
     EmailOutcome,
@@ -43,6 +42,9 @@ NAME = "smtp"
 # A pooled connection idle longer than this is replaced rather than reused:
 # servers drop idle clients after a few minutes (RFC 5321 asks for 5).
 IDLE_SECONDS = 60.0
+# Worker threads that build and sign messages at once, and messages per thread hop.
+RENDER_THREADS = 2
+RENDER_BATCH = 16
 
 
 def render(email: OutgoingEmail) -> bytes:
@@ -58,6 +60,56 @@ def render(email: OutgoingEmail) -> bytes:
         message = sign(message, email.dkim.domain, email.dkim.selector,
                        email.dkim.private_key_pem)
     return message
+
+
+@dataclass
+class _Job:
+    email: OutgoingEmail
+    done: trio.Event = field(default_factory=trio.Event)
+    message: bytes | None = None
+    error: Exception | None = None
+
+
+def _render_all(jobs: list[_Job]) -> None:
+    for job in jobs:
+        try:
+            job.message = render(job.email)
+        except Exception as error:  # one bad email fails alone
+            job.error = error
+
+
+class Renderer:
+    """Renders messages in up to ``threads`` worker threads, as many as are
+    waiting (up to ``RENDER_BATCH``) per trip to a thread: a trip costs the
+    event loop about as much CPU as building a message."""
+
+    def __init__(self, threads: int) -> None:
+        self._threads = threads
+        self._running = 0
+        self._queue: list[_Job] = []
+
+    async def render(self, email: OutgoingEmail) -> bytes:
+        job = _Job(email)
+        self._queue.append(job)
+        if self._running < self._threads:
+            self._running += 1
+            try:
+                # Shielded: a batch taken from the queue is always finished, so
+                # nobody waits for a job that no one will render.
+                with trio.CancelScope(shield=True):
+                    while self._queue:
+                        batch = self._queue[:RENDER_BATCH]
+                        del self._queue[:RENDER_BATCH]
+                        await trio.to_thread.run_sync(_render_all, batch)
+                        for done in batch:
+                            done.done.set()
+            finally:
+                self._running -= 1
+        await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        assert job.message is not None
+        return job.message
 
 
 def _outcome(recipient: str, kind: str, reply: Reply) -> EmailOutcome:
@@ -114,67 +166,66 @@ class SmtpProvider:
         self.url = url
         self.helo_name = helo_name
         self.tls_context = tls_context or ssl.create_default_context()
-        # One thread per connection in use: it builds, signs and sends.
-        self._threads = trio.CapacityLimiter(connections)
-        self._idle: list[tuple[smtplib.SMTP, float]] = []
-        self._lock = threading.Lock()
+        self._slots = trio.CapacityLimiter(connections)
+        # Building and signing (CPU; OpenSSL's RSA runs without the GIL).
+        self._renderer = Renderer(RENDER_THREADS)
+        self._idle: list[tuple[SmtpConnection, float]] = []
+        self._stale: list[SmtpConnection] = []
         # Connections opened so far: tests and metrics see reuse with it.
         self.connections_opened = 0
 
     async def send(self, email: OutgoingEmail) -> EmailResult:
-        """Cancellation waits for the worker thread's current socket operation
-        (at most ``SOCKET_TIMEOUT_SECONDS``)."""
-        return await trio.to_thread.run_sync(self._send, email, limiter=self._threads)
-
-    def _send(self, email: OutgoingEmail) -> EmailResult:
-        message = render(email)
+        message = await self._renderer.render(email)
         domain = email.dkim.domain if email.dkim else parseaddr(email.sender)[1].rpartition("@")[2]
         reference = message_id(email.message_id, domain)
-        for first_try in (True, False):
-            client, reused = self._take_idle()
-            try:
-                if client is None:
-                    client = smtp_client.connect(self.url, self.helo_name, self.tls_context)
-                    with self._lock:
+        async with self._slots:
+            for first_try in (True, False):
+                conn, reused = self._take_idle()
+                try:
+                    if conn is None:
+                        conn = await smtp_client.connect(
+                            self.url, self.helo_name, self.tls_context
+                        )
                         self.connections_opened += 1
-                transaction = smtp_client.send(
-                    client, email.return_path, list(email.recipients), message
-                )
-            except SmtpConnectionError as error:
-                if client is not None:
-                    client.close()
-                # A pooled connection the server had dropped: nothing of this
-                # transaction happened, so a fresh one may try it.
-                if first_try and reused and not error.answered:
-                    continue
-                return self._all_deferred(email, reference, error.reply, str(error))
-            except BaseException:
-                if client is not None:
-                    client.close()
-                raise
-            self._give_back(client, transaction)
-            return result_of(transaction, email.recipients, reference)
+                    transaction = await smtp_client.send(
+                        conn, email.return_path, list(email.recipients), message
+                    )
+                except SmtpConnectionError as error:
+                    if conn is not None:
+                        await conn.aclose()
+                    # A pooled connection the server had dropped: nothing of this
+                    # transaction happened, so a fresh one may try it.
+                    if first_try and reused and not error.answered:
+                        continue
+                    return self._all_deferred(email, reference, error.reply, str(error))
+                except BaseException:
+                    # Cut short (cancelled) mid-dialogue: the connection is unusable.
+                    if conn is not None:
+                        await conn.aclose()
+                    raise
+                await self._give_back(conn, transaction)
+                return result_of(transaction, email.recipients, reference)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _take_idle(self) -> tuple[smtplib.SMTP | None, bool]:
-        while True:
-            with self._lock:
-                if not self._idle:
-                    return None, False
-                client, since = self._idle.pop()
-            if time.monotonic() - since < IDLE_SECONDS:
-                return client, True
-            smtp_client.quit(client)
+    def _take_idle(self) -> tuple[SmtpConnection | None, bool]:
+        now = time.monotonic()
+        while self._idle:
+            conn, since = self._idle.pop()
+            if now - since < IDLE_SECONDS:
+                return conn, True
+            self._stale.append(conn)
+        return None, False
 
-    def _give_back(self, client: smtplib.SMTP, transaction: Transaction) -> None:
+    async def _give_back(self, conn: SmtpConnection, transaction: Transaction) -> None:
         replies = [transaction.mail, transaction.data, transaction.final,
                    *transaction.recipients.values()]
         if any(reply is not None and reply.code == 421 for reply in replies):
             # 421: the server is closing the channel.
-            client.close()
+            await conn.aclose()
             return
-        with self._lock:
-            self._idle.append((client, time.monotonic()))
+        self._idle.append((conn, time.monotonic()))
+        while self._stale:
+            await smtp_client.quit(self._stale.pop())
 
     @staticmethod
     def _all_deferred(
@@ -188,10 +239,10 @@ class SmtpProvider:
 
     async def aclose(self) -> None:
         """Say QUIT on every idle connection."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for client, _ in idle:
-            await trio.to_thread.run_sync(smtp_client.quit, client)
+        idle, self._idle = self._idle, []
+        stale, self._stale = self._stale, []
+        for conn in [c for c, _ in idle] + stale:
+            await smtp_client.quit(conn)
 
 
 @asynccontextmanager
