@@ -1,5 +1,5 @@
-"""DKIM signatures made by Tidings' own relaxed canonicalisation, checked by
-dkimpy on message shapes that exercise it: folded and long headers, runs of
+"""DKIM signatures (dkimpy's relaxed canonicalisation, OpenSSL's RSA), checked
+by dkimpy's verifier on message shapes that exercise them: folded and long headers, runs of
 spaces and tabs, trailing blank lines, an empty body, oversigned headers."""
 
 from __future__ import annotations
