@@ -152,7 +152,7 @@ async def _load(url: str, team_id: uuid.UUID, count: int) -> dict[str, float]:
         await conn.execute(LOAD, team_id, count)
         loaded = time.monotonic()
         log(f"loaded {count} messages in {loaded - started:.0f}s; building the indexes")
-        await conn.execute("SET maintenance_work_mem = '256MB'")
+        await conn.execute("SET maintenance_work_mem = '1GB'")
         for index in indexes:
             await conn.execute(index["definition"])
         indexed = time.monotonic()
