@@ -64,9 +64,11 @@ def _statement(present: tuple[str, ...], shape: str) -> str:
     """``plain``: one walk in index order; ``window``: the search within the
     newest WINDOW rows of the other filters; ``indexed``: by the piece index.
 
-    A search finds the page's ids over narrow rows first (the id, the time
+    A search finds the page's rows over narrow ones first (the id, the time
     and the search column: carrying every column of thousands of rows it
-    rejects costs more than the search), then reads those rows whole.
+    rejects costs more than the search), then reads those rows whole by
+    their place in the table (``ctid``: one statement, one snapshot, so the
+    place still holds the version it found).
     """
     numbers = {name: number for number, name in enumerate(present, start=4)}
     if shape == "plain":
@@ -80,8 +82,8 @@ LIMIT $2 OFFSET $3
         others = tuple(name for name in present if name not in ("search", "pieces"))
         # Not materialized: the walk stops as soon as the page is full.
         page = f"""
-    SELECT id FROM (
-        SELECT id, created_at, search FROM sms_messages
+    SELECT ctid FROM (
+        SELECT ctid, id, created_at, search FROM sms_messages
         WHERE {_conditions(others, numbers)}
         {ORDER}
         LIMIT {WINDOW}
@@ -91,13 +93,13 @@ LIMIT $2 OFFSET $3
     LIMIT $2 OFFSET $3"""
     else:
         page = f"""
-    SELECT id FROM sms_messages
+    SELECT ctid FROM sms_messages
     WHERE {_conditions(present, numbers)}
     {SORTED}
     LIMIT $2 OFFSET $3"""
     return f"""
 SELECT {SMS_COLUMNS} FROM sms_messages
-WHERE id = ANY (ARRAY ({page}
+WHERE ctid = ANY (ARRAY ({page}
 ))
 {ORDER}
 """
