@@ -134,6 +134,11 @@ async def test_bad_dates_are_400(four: httpx.AsyncClient, params: dict[str, str]
         ("%", ["50% off_today"]),  # wildcards are literal
         ("_", ["50% off_today"]),
         ("1", ["See you at 10", "Order SHIPPED", "Your code is 1234"]),
+        ("Z", ["See you at 10"]),  # one character, other case
+        ("q", []),  # one character, absent
+        ("Sh", ["See you at 10", "Order SHIPPED"]),  # two, in sender and body
+        ("0958", ["50% off_today"]),  # digits of a recipient
+        ("14155550103", ["See you at 10"]),
         ("nothing like it", []),
         ("acme\x1fyour", []),  # never across two fields
     ],
