@@ -150,8 +150,6 @@ class _Request:
             elif name == b"transfer-encoding" and self.transfer_encoding is None:
                 self.transfer_encoding = value.decode("latin-1")
 
-    def announces_no_body(self) -> bool:
-        return self.transfer_encoding is None and self.content_length in (None, "0")
 
 
 class FrontDoor:
@@ -257,10 +255,11 @@ class FrontDoor:
             raw_body = await self._read_body(
                 exchange, receive, route.max_body_bytes(service.config)
             )
-        elif exchange.announces_no_body():
-            # The empty body's one message is there already; read it so that
-            # the connection knows the request is whole.
-            await self._discard_body(receive)
+        else:
+            # Read (and drop) the body so that the connection knows the
+            # request is whole; without one its one message is there already.
+            if await self._discard_body(receive):
+                raise _Gone()
             exchange.complete = True
         query: dict[str, Any] = {}
         mimetype = ""
@@ -280,7 +279,22 @@ class FrontDoor:
                 scope["method"], scope["path"], scope["query_string"], raw_body
             ),
         )
-        return await run_incoming(service, route, self._limiter, incoming)
+        # A client that leaves cancels its request, as in Quart: its storage
+        # work rolls back and its place in the shedder's bounds is free again.
+        result: Any = None
+        failure: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            try:
+                result = await run_incoming(service, route, self._limiter, incoming)
+            except Exception as error:  # noqa: BLE001 - raised below, not in a group
+                failure = error
+            nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        if result is None:
+            raise _Gone()
+        return result
 
     async def _read_body(self, exchange: _Request, receive: Receive, limit: int) -> bytes:
         """The body, 413 as soon as it is known to exceed ``limit`` (as
@@ -309,11 +323,14 @@ class FrontDoor:
         return bytes(received)
 
     @staticmethod
-    async def _discard_body(receive: Receive) -> None:
+    async def _discard_body(receive: Receive) -> bool:
+        """Read the rest of the body; whether the client disconnected instead."""
         while True:
             message = await receive()
-            if message["type"] == "http.disconnect" or not message.get("more_body", False):
-                return
+            if message["type"] == "http.disconnect":
+                return True
+            if not message.get("more_body", False):
+                return False
 
     @staticmethod
     def _answer(status: int, body: bytes, headers: dict[str, str]) -> Answer:
@@ -344,6 +361,12 @@ class FrontDoor:
             return self._answer(*http_error_answer(error, method, path, limit))
         log.error("unhandled error in %s %s", method, path, exc_info=error)
         return self._answer(500, INTERNAL, {})
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 def _query_and_mimetype(scope: MutableMapping[str, Any]) -> tuple[dict[str, Any], str]:
