@@ -77,6 +77,7 @@ class ContactRequests:
 
 
 Phase = Callable[[str, bool, float], dict[str, object]]
+SETTLE_SECONDS = 0.5
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -122,6 +123,10 @@ def measure(
     load on the machine changes far less than the rate."""
     if args.warmup > 0:
         phase(f"w{name[:2]}", idempotent, args.warmup)
+        # The warm-up's load generator leaves requests in flight when it
+        # stops; let the server finish them, or the phase starts with its
+        # connections shed for work nobody waits for.
+        time.sleep(SETTLE_SECONDS)
     log(f"{name}: measuring for {args.seconds:g}s on {args.connections} connections")
     cpu = cpu_seconds(pid)
     result = phase(name[:2], idempotent, args.seconds)

@@ -77,6 +77,7 @@ class Metrics:
         webhook_attempts: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
+        self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self.requests = Counter(
             "tidings_http_requests",
             "HTTP requests answered",
@@ -101,8 +102,16 @@ class Metrics:
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in METHODS else "OTHER"
-        self.requests.labels(method, route, str(status)).inc()
-        self.latency.labels(method, route, str(status)).observe(seconds)
+        key = (method, route, status)
+        series = self._series.get(key)
+        if series is None:
+            # Looking a labelled child up costs more than counting: keep them.
+            labels = (method, route, str(status))
+            series = self._series[key] = (
+                self.requests.labels(*labels), self.latency.labels(*labels)
+            )
+        series[0].inc()
+        series[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from tidings.logging_setup import request_id
 from tidings.service import Service
 
 
@@ -19,8 +20,9 @@ def counting_crossings(service: Service) -> Iterator[list[str]]:
     run = db.run
 
     async def counted(unit: Any, *args: Any) -> Any:
-        # The retention sweeper runs on its own time, not for a request.
-        if unit.__module__ != "tidings.storage.retention":
+        # Actors (the retention sweeper, due follow-ups) run on their own
+        # time, not for a request: only a request's task has a request id.
+        if request_id.get() is not None:
             runs.append(unit.__name__)
         return await run(unit, *args)
 

@@ -40,6 +40,7 @@ from tidings.http import (
     webhooks,
 )
 from tidings.http.envelope import ApiError, error_body, error_response, json_response
+from tidings.http.frontdoor import FrontDoor, http_error_answer
 from tidings.http.pipeline import make_view
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes
@@ -78,20 +79,6 @@ GROUPS: tuple[Routes, ...] = (
     unsubscribe.routes,
 )
 
-HTTP_CODES = {
-    400: "BAD_REQUEST",
-    401: "UNAUTHORIZED",
-    403: "FORBIDDEN",
-    404: "NOT_FOUND",
-    405: "BAD_REQUEST",
-    409: "CONFLICT",
-    413: "PAYLOAD_TOO_LARGE",
-    422: "UNPROCESSABLE_ENTITY",
-    429: "TOO_MANY_REQUESTS",
-    503: "SERVICE_UNAVAILABLE",
-}
-
-
 def _route_template(rule: str | None) -> str:
     """The route as the docs write it (``/contacts/{contact_id}``); ``unmatched`` for none."""
     if rule is None:
@@ -104,24 +91,9 @@ def all_routes() -> list[Route]:
 
 
 def http_error(error: HTTPException) -> Response:
-    status = error.code or 500
-    headers: dict[str, str] = {}
-    if status == 404:
-        message = f"no route for {request.method} {request.path}"
-    elif status == 405:
-        allowed = sorted(getattr(error, "valid_methods", None) or [])
-        message = f"method {request.method} is not allowed on {request.path}"
-        if allowed:
-            message += f"; allowed: {', '.join(allowed)}"
-            # RFC 9110 §15.5.6: a 405 names the methods the resource supports.
-            headers["Allow"] = ", ".join(allowed)
-    elif status == 413:
-        limit = request.max_content_length
-        message = f"request body is larger than the limit of {limit} bytes"
-    else:
-        message = error.description or error.name
-    code = HTTP_CODES.get(status, "INTERNAL_ERROR" if status >= 500 else "BAD_REQUEST")
-    return json_response(status, error_body(code, message), headers)
+    return json_response(*http_error_answer(
+        error, request.method, request.path, request.max_content_length
+    ))
 
 
 def create_app(service: Service) -> QuartTrio:
@@ -182,10 +154,15 @@ def create_app(service: Service) -> QuartTrio:
             500, error_body("INTERNAL_ERROR", "internal error; the details are in the server log")
         )
 
-    # Sheds load before Quart does any work for a request (the ASGI
-    # middleware idiom: hypercorn calls app(), which calls app.asgi_app).
+    # Storage-unit routes are answered without Quart's per-request machinery.
+    front_door = FrontDoor(
+        app.asgi_app, service, rate_limiter, app.url_map, all_routes(),
+        body_timeout=app.config["BODY_TIMEOUT"], response_timeout=app.config["RESPONSE_TIMEOUT"],
+    )
+    # Sheds load before any work is done for a request (the ASGI middleware
+    # idiom: hypercorn calls app(), which calls app.asgi_app).
     app.asgi_app = Shedder(  # type: ignore[method-assign]
-        app.asgi_app,
+        front_door,  # type: ignore[arg-type]
         max_in_flight=service.config.max_in_flight,
         max_storage=service.config.db_pool_size + service.config.max_db_waiters,
         on_shed=lambda method: service.metrics.observe(method, "(shed)", 503, 0.0),

@@ -19,7 +19,8 @@ stays open until the client closes it. (docs/upstream/ has the report.)
   reads it in the background and discards what the handler did not want),
   within ``DRAIN_SECONDS`` and when at most ``DRAIN_BYTES`` are announced,
   so the connection can serve the next request. Otherwise the response says
-  ``Connection: close`` and the connection ends after it.
+  ``Connection: close`` and the connection ends after it. A response that
+  says ``Connection: close`` already (a shed request's 503) does not wait.
 - An application that ends without a response gets a 500 envelope.
 """
 
@@ -56,6 +57,14 @@ def _announced_length(scope: MutableMapping[str, Any]) -> int | None:
     return None
 
 
+def _closes(start: Message) -> bool:
+    """Whether the response that ``start`` begins ends its connection."""
+    return any(
+        name.lower() == b"connection" and b"close" in value.lower()
+        for name, value in start.get("headers", ())
+    )
+
+
 class _Exchange:
     """One request and its response, as the wrapped application sees them."""
 
@@ -77,7 +86,11 @@ class _Exchange:
         kind = message["type"]
         if kind == "http.response.start":
             self.started = True
-            if not self.body_received.is_set() and not await self._drained():
+            if (
+                not self.body_received.is_set()
+                and not _closes(message)
+                and not await self._drained()
+            ):
                 message = dict(message)
                 message["headers"] = [*message.get("headers", ()), (b"connection", b"close")]
         if kind == "http.response.body" and not message.get("more_body", False):

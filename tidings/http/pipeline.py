@@ -64,8 +64,8 @@ Rendered = tuple[int, bytes, dict[str, str]]
 # --- reading the request (trio side, pure) ----------------------------------
 
 
-def bearer_secret() -> str:
-    headers = request.headers.getlist("Authorization")
+def bearer_secret(headers: list[str]) -> str:
+    """The secret of the one ``Authorization: Bearer`` header among ``headers``."""
     if len(headers) > 1:
         # Never pick one of several credentials: refuse them all.
         raise ApiError(
@@ -114,7 +114,7 @@ def admit(route: Route, token: Token | None, rate_limiter: RateLimiter) -> Token
 
 async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -> Token:
     """The caller's token, checked for this route; from the cache when it can be."""
-    secret_hash = secret_hash_of(bearer_secret())
+    secret_hash = secret_hash_of(bearer_secret(request.headers.getlist("Authorization")))
     token = None
     if secret_hash is not None:
         token = service.tokens.get(secret_hash)
@@ -144,10 +144,10 @@ def idempotency_key(raw: str | None) -> str | None:
     return key
 
 
-def fingerprint(raw_body: bytes) -> bytes:
+def fingerprint(method: str, path: str, query_string: bytes, raw_body: bytes) -> bytes:
     """Method, route path, query string and body: what makes two requests the same."""
     digest = hashlib.sha256()
-    for part in (request.method.encode(), request.path.encode(), request.query_string):
+    for part in (method.encode(), path.encode(), query_string):
         digest.update(part)
         digest.update(b"\n")
     digest.update(raw_body)
@@ -255,7 +255,9 @@ async def run_idempotent(
 ) -> Response:
     try:
         with trio.fail_after(ACTOR_TIMEOUT_SECONDS):
-            decision = await service.idempotency.begin(token.id, key, fingerprint(raw_body))
+            decision = await service.idempotency.begin(token.id, key, fingerprint(
+                request.method, request.path, request.query_string, raw_body
+            ))
     except (trio.TooSlowError, ActorError):
         raise ApiError(
             503, "SERVICE_UNAVAILABLE", "the idempotency service is busy; retry shortly"
@@ -308,15 +310,36 @@ async def run_on_trio(
     return json_response(*render(route, result))
 
 
+def cached_admission(
+    service: Service, route: Route, rate_limiter: RateLimiter, authorization: list[str]
+) -> tuple[bytes | None, Token | None]:
+    """The secret's hash and its token when the cache knows it, admitted for
+    ``route`` before the body is read (401/403/429 as on a miss)."""
+    secret_hash = secret_hash_of(bearer_secret(authorization))
+    token = None if secret_hash is None else service.tokens.get(secret_hash)
+    if token is not None:
+        admit(route, token, rate_limiter)
+    elif secret_hash is None:
+        admit(route, None, rate_limiter)
+    return secret_hash, token
+
+
+async def run_incoming(
+    service: Service, route: Route, rate_limiter: RateLimiter, incoming: Incoming
+) -> tuple[Call, Rendered]:
+    """The request's storage work in one crossing; the caller runs
+    ``call.committed()`` and answers."""
+    return await service.db.run(run_unit, service, route, rate_limiter, incoming)
+
+
 async def run_as_unit(
     service: Service, route: Route, rate_limiter: RateLimiter, path_values: dict[str, str]
 ) -> Response:
-    secret_hash = secret_hash_of(bearer_secret())
-    token = None if secret_hash is None else service.tokens.get(secret_hash)
-    if token is not None:
-        admit(route, token, rate_limiter)  # before the body is read, as on a miss
-    elif secret_hash is None:
-        admit(route, None, rate_limiter)
+    """A storage-unit route served through Quart (``tidings/http/frontdoor.py``
+    serves them without it; HEAD requests and anything it passes on come here)."""
+    secret_hash, token = cached_admission(
+        service, route, rate_limiter, request.headers.getlist("Authorization")
+    )
     raw_body = b""
     if route.method in MUTATING:
         raw_body = await read_body(route.max_body_bytes(service.config))
@@ -330,11 +353,11 @@ async def run_as_unit(
         raw_body=raw_body,
         mimetype=request.mimetype,
         key_header=key_header,
-        fingerprint=fingerprint(raw_body) if key_header is not None else b"",
+        fingerprint=b"" if key_header is None else fingerprint(
+            request.method, request.path, request.query_string, raw_body
+        ),
     )
-    call, (status, body, headers) = await service.db.run(
-        run_unit, service, route, rate_limiter, incoming
-    )
+    call, (status, body, headers) = await run_incoming(service, route, rate_limiter, incoming)
     g.team_id = call.team_id  # for the access log
     call.committed()
     return json_response(status, body, headers)

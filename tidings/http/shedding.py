@@ -15,12 +15,19 @@ So the queue in front of the pool, and with it the latency of the requests
 that are accepted, stays bounded however many connections arrive. The
 probes (``/healthz``, ``/readyz``) are never counted nor shed.
 
+A request stops counting when the last message of its response is sent, not
+when its task ends: the client may send its next request on the connection
+as soon as it has the answer, and that request must not find the slot of
+the one before still taken (under load, it did, and kept-alive clients were
+shed well below the bounds).
+
 Single-threaded trio makes the counters safe without locks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from hypercorn.typing import ASGIReceiveCallable as Receive
 from hypercorn.typing import ASGISendCallable as Send
@@ -90,11 +97,24 @@ class Shedder:
             return
         self.in_flight += 1
         self.storage_in_flight += storage
+        counted = True
+
+        def release() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self.in_flight -= 1
+                self.storage_in_flight -= storage
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                release()
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, sending)
         finally:
-            self.in_flight -= 1
-            self.storage_in_flight -= storage
+            release()
 
     async def _refuse(self, scope: HTTPScope, send: Send) -> None:
         """503 without reading the body, and the connection closed."""

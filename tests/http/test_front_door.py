@@ -1,0 +1,253 @@
+"""The front door answers storage-unit routes as the Quart path does, and the
+shedder and the connection wrapper keep kept-alive clients from waiting."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import MutableMapping
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from tests.conftest import Credential
+from tidings.http.app import create_app
+from tidings.http.connection import DRAIN_SECONDS, SoundConnections
+from tidings.http.frontdoor import FrontDoor
+from tidings.http.shedding import Shedder
+from tidings.service import Service
+
+Scope = MutableMapping[str, Any]
+
+
+def http_scope(
+    method: str, path: str, headers: list[tuple[str, str]], query: bytes = b""
+) -> Scope:
+    return {
+        "type": "http", "http_version": "1.1", "method": method, "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": query, "root_path": "",
+        "headers": [(name.lower().encode(), value.encode()) for name, value in headers],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }
+
+
+async def exchange(app: Any, scope: Scope, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """Run one request through the ASGI ``app``; its status, headers and body."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start = sent[0]
+    headers = {name.decode(): value.decode() for name, value in start["headers"]}
+    return start["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def front_door_of(service: Service) -> FrontDoor:
+    app = create_app(service)
+    door = app.asgi_app.app  # type: ignore[attr-defined]
+    assert isinstance(door, FrontDoor)
+    return door
+
+
+VARYING = frozenset({"id", "email", "created_at", "updated_at"})
+
+
+def comparable(document: Any) -> Any:
+    """A document without what differs between two creations (ids, times, emails)."""
+    if isinstance(document, dict):
+        return {k: "*" if k in VARYING else comparable(v) for k, v in document.items()}
+    if isinstance(document, list):
+        return [comparable(item) for item in document]
+    return document
+
+
+async def test_the_front_door_answers_as_the_quart_path(
+    service: Service, acme: Credential
+) -> None:
+    door = front_door_of(service)
+    quart = door._fallback
+    auth = ("Authorization", f"Bearer {acme.secret}")
+    json_type = ("Content-Type", "application/json")
+    cases: list[tuple[str, str, list[tuple[str, str]], bytes, bytes]] = [
+        ("POST", "/contacts", [], b"", b'{"email": "a@example.com"}'),
+        ("POST", "/contacts", [("Authorization", "Bearer nope")], b"", b"{}"),
+        ("POST", "/contacts", [auth, auth], b"", b"{}"),
+        ("POST", "/contacts", [auth, json_type], b"", b'{"email": 1}'),
+        ("POST", "/contacts", [auth, json_type], b"", b"not json"),
+        ("POST", "/contacts", [auth, json_type], b"", b'{"email": "%s@example.com"}'),
+        ("POST", "/contacts/", [auth, json_type], b"", b'{"email": "%s-2@example.com"}'),
+        ("POST", "/contacts", [auth, json_type], b"", b'{"email": "taken@example.com"}'),
+        ("POST", "/contacts", [auth, json_type, ("Content-Length", "99999999")], b"", b"{}"),
+        ("POST", "/contacts", [auth, json_type, ("Idempotency-Key", "k-%s")], b"",
+         b'{"email": "k%s@example.com"}'),
+        ("POST", "/contacts", [auth, json_type, ("Idempotency-Key", "")], b"", b"{}"),
+        ("GET", "/contacts", [auth], b"limit=1&email=taken%40example.com", b""),
+        ("GET", "/contacts", [auth], b"limit=nope", b""),
+        ("GET", "//contacts", [auth], b"limit=1&limit=2", b""),
+        ("GET", "/contacts/taken@example.com", [auth], b"", b""),
+        ("GET", "/contacts/nobody@example.com", [auth], b"", b""),
+        ("GET", "/contacts/neither", [auth], b"", b""),
+        ("DELETE", "/contacts/taken@example.com", [auth], b"", b""),
+    ]
+    for run in ("quart", "door"):
+        app = quart if run == "quart" else door
+        answers = []
+        for method, path, headers, query, body in cases:
+            if b"%s" in body:
+                body = body.replace(b"%s", run.encode())
+            headers = [(n, v.replace("%s", run)) for n, v in headers]
+            if method == "POST" and b"taken@" in body:
+                await exchange(app, http_scope(method, path, headers, query), body)
+            status, answer_headers, answer = await exchange(
+                app, http_scope(method, path, headers, query), body
+            )
+            assert answer_headers.pop("x-request-id")
+            if status in (200, 201):  # ids and times differ in length
+                answer_headers.pop("content-length")
+            document = comparable(json.loads(answer)) if answer else None
+            answers.append((method, path, status, answer_headers, document))
+        if run == "quart":
+            expected = answers
+        else:
+            for want, got in zip(expected, answers, strict=True):
+                assert got == want, (got, want)
+
+
+async def test_only_storage_unit_routes_bypass_quart(service: Service) -> None:
+    door = front_door_of(service)
+    passed: list[str] = []
+
+    async def fallback(scope: Scope, receive: Any, send: Any) -> None:
+        passed.append(f"{scope['method']} {scope['path']}")
+        await send({"type": "http.response.start", "status": 299, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    door._fallback = fallback
+    for method, path in [
+        ("POST", "/contacts"), ("HEAD", "/contacts"), ("OPTIONS", "/contacts"),
+        ("PUT", "/contacts"), ("GET", "/nowhere"), ("GET", "/healthz"), ("POST", "/emails"),
+        ("GET", "/contacts//"),
+    ]:
+        await exchange(door, http_scope(method, path, []))
+    assert passed == [
+        "HEAD /contacts", "OPTIONS /contacts", "PUT /contacts", "GET /nowhere",
+        "GET /healthz", "POST /emails", "GET /contacts//",
+    ]
+
+
+async def test_a_request_stops_counting_once_its_answer_is_sent() -> None:
+    # A kept-alive client sends its next request as soon as it has the answer,
+    # possibly before the task of the previous one has ended.
+    linger = trio.Event()
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await linger.wait()
+
+    shedder = Shedder(app, max_in_flight=1, max_storage=1)  # type: ignore[arg-type]
+    statuses: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    async def receive() -> dict[str, Any]:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(shedder, http_scope("GET", "/contacts", []), receive, send)
+            await trio.testing.wait_all_tasks_blocked()
+        assert (shedder.in_flight, shedder.storage_in_flight) == (0, 0)
+        linger.set()
+    assert statuses == [200, 200, 200]
+    assert shedder.shed_total == 0
+
+
+@pytest.fixture
+def clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_an_answer_that_closes_the_connection_does_not_wait_for_the_body(
+    clock: trio.testing.MockClock,
+) -> None:
+    async def refuse(scope: Scope, receive: Any, send: Any) -> None:
+        await send({
+            "type": "http.response.start", "status": 503,
+            "headers": [(b"connection", b"close")],
+        })
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+    async def never(scope: Scope, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+    async def receive() -> dict[str, Any]:
+        await trio.sleep_forever()  # the body never comes
+        raise AssertionError
+
+    scope = http_scope("POST", "/contacts", [("Content-Length", "10")])
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    for app, waits in ((refuse, 0.0), (never, DRAIN_SECONDS)):
+        sent.clear()
+        began = trio.current_time()
+        await SoundConnections(app)(scope, receive, send)
+        assert trio.current_time() - began == pytest.approx(waits)
+        assert (b"connection", b"close") in sent[0]["headers"]
+
+
+async def test_a_client_that_leaves_cancels_its_request(
+    service: Service, acme: Credential
+) -> None:
+    door = front_door_of(service)
+    cancelled = trio.Event()
+
+    async def stuck(*args: Any) -> Any:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b'{"email": "a@example.com"}', "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if len(messages) == 1:
+            await trio.testing.wait_all_tasks_blocked()  # the unit is running
+        if messages:
+            return messages.pop(0)
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    service.db.run = stuck  # type: ignore[method-assign]
+    try:
+        scope = http_scope("POST", "/contacts", [("Authorization", f"Bearer {acme.secret}")])
+        with trio.fail_after(5):
+            await door(scope, receive, send)
+    finally:
+        del service.db.run
+    assert cancelled.is_set()
+    assert sent == []
