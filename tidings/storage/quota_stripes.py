@@ -38,7 +38,7 @@ quota_pick AS (
     SELECT s.stripe FROM team_quota_stripes s, quota_limits l
     WHERE s.team_id = {team} AND s.channel = {channel} AND {fits}{ready}
     ORDER BY random() LIMIT 1
-    FOR UPDATE OF s {skip}
+    FOR UPDATE OF s SKIP LOCKED
 ), quota_counted AS (
     UPDATE team_quota_stripes s SET
         day = GREATEST(s.day, {day}),
@@ -62,24 +62,23 @@ SELECT c.day_used + COALESCE((SELECT sum(o.day_used) FROM team_quota_stripes o
 FROM quota_counted c"""
 
 
-def fast_claim_sql(*, skip_locked: bool, ready: str = "", **params: str) -> tuple[str, str]:
+def fast_claim_sql(*, ready: str = "", **params: str) -> tuple[str, str]:
     """The fast path's CTEs (``quota_limits``, ``quota_pick``, ``quota_counted``)
     and the SELECT of the usage after it, for the given parameter references.
     ``ready`` adds a condition to the pick (a send that is refused claims
     nothing)."""
     fits = FITS.format(**params)
     ctes = FAST_LIMITS.format(**params) + ", " + FAST_COUNT.format(
-        fits=fits, ready=ready, skip="SKIP LOCKED" if skip_locked else "", **params
+        fits=fits, ready=ready, **params
     )
     return ctes, FAST_USAGE.format(**params)
 
 
 _PARAMS = {"team": "$1::uuid", "channel": "$2::text", "n": "$3::bigint", "day": "$4::date",
            "month": "$5::date", "per_day": "$6::bigint", "per_month": "$7::bigint"}
-# $1 team, $2 channel, $3 count, $4 the UTC day, $5 the first day of the UTC
-# month, $6/$7 the default limits per day/month.
-CLAIM_UNLOCKED = "WITH {} {}".format(*fast_claim_sql(skip_locked=True, **_PARAMS))
-CLAIM_WAITING = "WITH {} {}".format(*fast_claim_sql(skip_locked=False, **_PARAMS))
+# The fast path alone. $1 team, $2 channel, $3 count, $4 the UTC day, $5 the
+# first day of the UTC month, $6/$7 the default limits per day/month.
+CLAIM_UNLOCKED = "WITH {} {}".format(*fast_claim_sql(**_PARAMS))
 
 # The slow path: every stripe, locked in one order (so two slow paths never
 # deadlock), with the team's own limits.

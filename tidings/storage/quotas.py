@@ -22,14 +22,14 @@ unlimited quota only counts. Limits come from the team's own values
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Literal
 from uuid import UUID
 
 from tidings.config import QuotaDefaults
-from tidings.storage.db import Connection
+from tidings.storage.db import Connection, Row
 from tidings.storage.quota_stripes import (
     ADD_STRIPES,
     CLAIM_UNLOCKED,
@@ -192,10 +192,43 @@ async def claim(
     now = now or datetime.now(UTC)
     if count == 0:
         return Usage(0, 0)
-    row = await conn.fetchrow(CLAIM_UNLOCKED, *claim_args(team_id, channel, count, defaults, now))
+    args = claim_args(team_id, channel, count, defaults, now)
+    # A stripe with room that no one holds. Never a wait for one that is held:
+    # a statement waiting for one stripe may hold another it found used up,
+    # which a slow path may be waiting for.
+    row = await fast_attempt(conn, CLAIM_UNLOCKED, args, lambda row: row is not None)
     if row is not None:
         return Usage(row["day_used"], row["month_used"])
     return await claim_slowly(conn, team_id, channel, count, defaults, now)
+
+
+class _Undo(Exception):
+    pass
+
+
+async def fast_attempt(
+    conn: Connection, statement: str, args: Sequence[object], counted: Callable[[Row | None], bool]
+) -> Row | None:
+    """Run a statement that holds the quota's fast path and return its row.
+
+    A stripe can be left locked by a statement that did not count on it: it
+    had room when the statement began, and none once its holder committed.
+    A claim that goes on to the slow path must not hold it (two slow paths
+    could then wait for each other), so inside a transaction a statement
+    that did not count (``counted`` false) is rolled back to a savepoint.
+    Outside one, its locks end with it.
+    """
+    if not conn.is_in_transaction():
+        return await conn.fetchrow(statement, *args)
+    row = None
+    try:
+        async with conn.transaction():
+            row = await conn.fetchrow(statement, *args)
+            if not counted(row):
+                raise _Undo
+    except _Undo:
+        pass
+    return row
 
 
 async def claim_slowly(
