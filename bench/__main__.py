@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from bench import api, broadcast, email, importing, overload, render, sms, smtp, webhooks
+from bench import accept, api, broadcast, email, importing, overload, render, sms, smtp, webhooks
 from bench.harness import HarnessError, log
 
 
@@ -26,6 +26,7 @@ class Benchmark(Protocol):
 
 
 BENCHMARKS: dict[str, Benchmark] = {
+    "accept": accept,
     "api": api,
     "broadcast": broadcast,
     "email": email,

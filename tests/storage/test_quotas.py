@@ -92,10 +92,62 @@ async def test_concurrent_claims_at_the_edge_never_overshoot(db: Database, sourc
             nursery.start_soon(one)
         await trio.sleep(0.05)
         start.set()
-    assert sorted(won) == [1, 2, 3, 4, 5, 6, 7]
+    assert len(won) == 7 and max(won) <= 7
     assert len(refused) == 13
     assert {(r.period, r.limit, r.used, r.requested) for r in refused} == {("day", 7, 7, 1)}
     assert (await status(db, team_id, defaults))["email/day"] == (7, 7)
+
+
+async def test_claims_of_one_team_do_not_wait_for_each_others_commit(db: Database) -> None:
+    team_id = await make_team(db)
+    await set_limit(db, team_id, LimitChange("email", "day", 1000))
+    await claim(db, team_id, 1)  # shares the limit out among the stripes
+    async with db.transaction() as holding:
+        await quotas.claim(holding, team_id, "email", 1, UNLIMITED, now=NOON)
+        # Another send of the team, while the first has not committed yet.
+        with trio.fail_after(5):
+            assert (await claim(db, team_id, 1)).day_used >= 2
+    assert (await status(db, team_id))["email/day"] == (1000, 3)
+
+
+async def test_many_concurrent_claims_never_pass_a_limit_shared_among_stripes(
+    db: Database,
+) -> None:
+    team_id = await make_team(db)
+    await set_limit(db, team_id, LimitChange("sms", "month", 25))
+    outcomes: list[bool] = []
+
+    async def one() -> None:
+        try:
+            async with db.transaction() as conn:
+                await quotas.claim(conn, team_id, "sms", 1, UNLIMITED, now=NOON)
+                await trio.sleep(0.001)
+            outcomes.append(True)
+        except QuotaExceeded:
+            outcomes.append(False)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(40):
+            nursery.start_soon(one)
+    assert (outcomes.count(True), outcomes.count(False)) == (25, 15)
+    assert (await status(db, team_id))["sms/month"] == (25, 25)
+
+
+async def test_a_lowered_limit_holds_at_once_and_a_raised_one_frees_room(db: Database) -> None:
+    team_id = await make_team(db)
+    await set_limit(db, team_id, LimitChange("email", "day", 100))
+    await claim(db, team_id, 5)
+    await set_limit(db, team_id, LimitChange("email", "day", 6))
+    await claim(db, team_id, 1)
+    with pytest.raises(QuotaExceeded) as refused:
+        await claim(db, team_id, 1)
+    assert (refused.value.limit, refused.value.used) == (6, 6)
+    await set_limit(db, team_id, LimitChange("email", "day", 0))
+    assert (await claim(db, team_id, 500)).day_used == 506
+    await set_limit(db, team_id, LimitChange("email", "day", 507))
+    await claim(db, team_id, 1)
+    with pytest.raises(QuotaExceeded):
+        await claim(db, team_id, 1)
 
 
 async def test_a_claim_that_would_cross_the_edge_fails_whole(db: Database) -> None:

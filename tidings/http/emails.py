@@ -1,8 +1,9 @@
 """Emails over HTTP: send (one or a batch), list, get, reschedule, cancel, events.
 
-Acceptance is one unit of storage work run whole on the asyncio side of the
-request's connection (``run_on``): the sending domain, the suppression list
-and the insert of the emails with their first events, in one crossing.
+The routes are storage units (``tidings/http/pipeline.py``): a request's
+whole storage work (token, idempotency, the template, the sending domain and
+suppression check, the insert of the emails with their first events and the
+team's quota) runs on the asyncio side in one crossing.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ from tidings.rendering import RenderError, render
 from tidings.storage import emails as store
 from tidings.storage import emails_manage as manage
 from tidings.storage import templates as template_store
-from tidings.storage.db import AsyncioConnection, run_on
 
-routes = Routes("Email")
+routes = Routes("Email", storage_units=True)
 
 MAX_BATCH = 100
 Status = Literal[
@@ -230,9 +230,7 @@ async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail
 
 async def accept(call: Call, emails: list[store.NewEmail], batch: bool) -> None:
     try:
-        await run_on(
-            call.conn, store.accept, call.team_id, emails, call.service.config.quotas
-        )
+        await store.accept(call.conn, call.team_id, emails, call.service.config.quotas)
     except store.UnverifiedDomain as error:
         where = f"{error.index}.from" if batch else "from"
         raise unprocessable(
@@ -324,7 +322,8 @@ async def reschedule_email(call: Call, email_id: UUID, body: Reschedule) -> dict
 )
 async def cancel_email(call: Call, email_id: UUID) -> dict[str, Any]:
     try:
-        email = await run_on(call.conn, _cancel, call.team_id, email_id)
+        async with call.conn.transaction():
+            email = await manage.cancel(call.conn, call.team_id, email_id)
     except manage.NotScheduled as state:
         raise conflict(
             f"the email is {state.status}: only a scheduled email can be canceled"
@@ -332,13 +331,6 @@ async def cancel_email(call: Call, email_id: UUID) -> dict[str, Any]:
     if email is None:
         raise not_found("email")
     return EmailOut.of(email).dump()
-
-
-async def _cancel(
-    conn: AsyncioConnection, team_id: UUID, email_id: UUID
-) -> manage.Email | None:
-    async with conn.transaction():
-        return await manage.cancel(conn, team_id, email_id)
 
 
 @routes.route(

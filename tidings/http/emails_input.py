@@ -6,6 +6,7 @@ are refused, tags, scheduling limits, and how a template fills the email.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime, timedelta
 from email.utils import formataddr
@@ -113,9 +114,15 @@ class InputError(ValueError):
         self.message = message
 
 
+@functools.lru_cache(maxsize=4096)
 def mailbox(field: str, value: str) -> tuple[str, str | None]:
     """The address and display name of one mailbox (``Name <address>`` or an
-    address), normalized; InputError naming ``field`` otherwise."""
+    address), normalized; InputError naming ``field`` otherwise.
+
+    Cached: a team sends from the same few addresses, and parsing one with a
+    display name (the standard library's header parser, then email-validator)
+    costs more CPU than the rest of accepting the email. Refusals are not
+    cached (an exception is never stored)."""
     try:
         if _BARE.fullmatch(value):
             # Most recipients are bare addresses: no need for the header parser.

@@ -146,10 +146,13 @@ class Routes:
         raw_body: dict[str, Any] | None = None,
         body_limit: Callable[[Config], int] | None = None,
         secret_response: bool = False,
+        storage_unit: bool | None = None,
     ) -> Callable[[Handler], Handler]:
         """Declare a route. ``path_types`` maps path parameters that are not UUIDs
         to ``str`` (handed over as they are); ``body_required=False`` lets a
-        request without a body stand for ``{}``."""
+        request without a body stand for ``{}``; ``storage_unit`` overrides the
+        group's ``storage_units`` for this route (a handler that calls a
+        provider is not a storage unit)."""
         def register(handler: Handler) -> Handler:
             self.items.append(
                 Route(
@@ -170,7 +173,9 @@ class Routes:
                     raw_body=raw_body,
                     body_limit=body_limit,
                     secret_response=secret_response,
-                    storage_unit=self.storage_units,
+                    storage_unit=(
+                        self.storage_units if storage_unit is None else storage_unit
+                    ),
                 )
             )
             return handler

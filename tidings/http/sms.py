@@ -1,9 +1,12 @@
 """SMS over HTTP: send, retrieve, reschedule, cancel, sync, preview.
 
-Acceptance is one unit of storage work run whole on the asyncio side of the
-request's connection (``run_on``): the sender ID and consent check, the
-message with its ``queued`` event, and the team's quota, in one crossing
-and one transaction. The list (``GET /sms``) is in ``tidings.http.sms_list``.
+The routes are storage units (``tidings/http/pipeline.py``): a request's
+whole storage work (token, idempotency, the handler's queries) runs on the
+asyncio side in one crossing. Acceptance is one statement in the common
+case: the sender ID and consent check, the message with its ``queued``
+event, and the team's quota (``tidings.storage.sms``). ``POST
+/sms/{id}/sync`` asks the provider and stays on the trio side.
+The list (``GET /sms``) is in ``tidings.http.sms_list``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from tidings.sms_encoding import Encoding, encode
 from tidings.storage import sms as store
 from tidings.storage.db import run_on
 
-routes = Routes("SMS")
+routes = Routes("SMS", storage_units=True)
 
 MAX_BODY = 1600  # characters: Twilio's limit for one message, 10 or more segments
 MAX_METADATA_KEYS = 50
@@ -109,9 +112,7 @@ def new_sms(call: Call, body: SendSms) -> store.NewSms:
 async def send_sms(call: Call, body: SendSms) -> dict[str, Any]:
     sms = new_sms(call, body)
     try:
-        stored = await run_on(
-            call.conn, store.accept, call.team_id, sms, call.service.config.quotas
-        )
+        stored = await store.accept(call.conn, call.team_id, sms, call.service.config.quotas)
     except store.SenderNotApproved as refused:
         state = "is not a sender ID of the team" if refused.status is None else (
             f"is a {refused.status} sender ID, not an approved one"
@@ -178,7 +179,7 @@ async def reschedule_sms(call: Call, sms_id: UUID, body: Reschedule) -> dict[str
 )
 async def cancel_sms(call: Call, sms_id: UUID) -> dict[str, Any]:
     try:
-        found = await run_on(call.conn, store.cancel, call.team_id, sms_id)
+        found = await store.cancel(call.conn, call.team_id, sms_id)
     except store.NotScheduled as state:
         raise _not_scheduled(state, "canceled") from None
     if found is None:
@@ -189,7 +190,7 @@ async def cancel_sms(call: Call, sms_id: UUID) -> dict[str, Any]:
 @routes.route(
     "POST", "/sms/{sms_id}/sync",
     summary="Ask the provider for the message's status now and apply it",
-    permission="sms:send", response=SmsOut, body_required=False,
+    permission="sms:send", response=SmsOut, body_required=False, storage_unit=False,
 )
 async def sync_sms(call: Call, sms_id: UUID) -> dict[str, Any]:
     found = await store.get_sms(call.conn, call.team_id, sms_id)

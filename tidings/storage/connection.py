@@ -46,6 +46,8 @@ class Connection(Protocol):
 
     def transaction(self) -> AbstractAsyncContextManager[object]: ...
 
+    def is_in_transaction(self) -> bool: ...
+
 
 class TrioConnection(Connection, Protocol):
     """A connection held by trio code: each await crosses to asyncio and back."""

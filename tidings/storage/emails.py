@@ -24,6 +24,7 @@ from tidings.email.names import domain_name
 from tidings.storage import quotas
 from tidings.storage.connection import Connection, returned
 from tidings.storage.events import FANOUT
+from tidings.storage.quota_stripes import fast_claim_sql
 from tidings.webhooks.catalogue import EVENT_TYPES
 
 STATUSES: tuple[str, ...] = (
@@ -44,12 +45,12 @@ EVENT_COLUMNS = "id, email_id, type, recipient, occurred_at, provider, code, mes
 # State changes of emails, set-based: the email events and, with the same
 # ids, the webhook events ``message.<type>`` and their deliveries. $1..$10:
 # one array per column of ``change``.
-CHANGE = """
-change AS (
+CHANGE_ROWS = """
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
                          $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::jsonb[])
         AS c(id, email_id, team_id, type, recipient, occurred_at, provider, code, message, data)
-)"""
+"""
+CHANGE = f"change AS ({CHANGE_ROWS})"
 RECORDED = f"""
 email_event AS (
     INSERT INTO email_events (id, email_id, team_id, type, recipient, occurred_at, provider,
@@ -78,8 +79,8 @@ SELECT ARRAY(SELECT name FROM domains
 # The emails ($11 the team, $12.. one array per column; the address lists as
 # one JSON array of arrays) with their first events, in one statement; the
 # team's senders are woken when (and only if) it commits.
-ACCEPT = f"""
-WITH {CHANGE}, inserted AS (
+INSERTED = """
+inserted AS (
     INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, cc, bcc, reply_to,
                         to_lookup, send_to, subject, html, text, headers, tags, status,
                         scheduled_at, template_id, template_version_id, domain,
@@ -102,12 +103,36 @@ WITH {CHANGE}, inserted AS (
          AS i(id, from_address, from_email, lists, subject, html, text, headers, tags, status,
               scheduled_at, template_id, template_version_id, domain, smtp_message_id,
               provider, status_at)
+    {gate}
     RETURNING status
-), {RECORDED}
+)"""
+ACCEPT = f"""
+WITH {CHANGE}, {INSERTED.format(gate="")}, {RECORDED}
 SELECT (SELECT woken FROM woken),
        (SELECT count(pg_notify('{DUE_CHANNEL}', $11::text))
         FROM (SELECT 1 FROM inserted WHERE status = 'queued' LIMIT 1) queued) AS senders
 """
+
+# ACCEPT and the quota's fast path in one statement ($29 the recipients to
+# count, $30/$31 the UTC day and month, $32/$33 the default limits): the
+# emails and their events are written only if a stripe counted them (or
+# there is nothing to count); otherwise nothing is, and the caller takes the
+# slow path.
+_QUOTA, _ = fast_claim_sql(
+    ready=" AND $29::bigint > 0",
+    team="$11::uuid", channel="'email'", n="$29::bigint", day="$30::date", month="$31::date",
+    per_day="$32::bigint", per_month="$33::bigint",
+)
+_COUNTED = "($29::bigint = 0 OR EXISTS (SELECT 1 FROM quota_counted))"
+ACCEPT_CLAIMING = f"""
+WITH {_QUOTA}, change AS ({CHANGE_ROWS} WHERE {_COUNTED}),
+{INSERTED.format(gate="WHERE " + _COUNTED)}, {RECORDED}
+SELECT (SELECT woken FROM woken),
+       (SELECT count(pg_notify('{DUE_CHANNEL}', $11::text))
+        FROM (SELECT 1 FROM inserted WHERE status = 'queued' LIMIT 1) queued) AS senders,
+       {_COUNTED} AS stored
+"""
+
 
 @dataclass(frozen=True)
 class NewEmail:
@@ -235,14 +260,11 @@ def acceptance_changes(team_id: UUID, email: NewEmail, clock: Clock) -> list[Cha
     return changes
 
 
-async def accept_emails(conn: Connection, team_id: UUID, emails: Sequence[NewEmail]) -> None:
-    """Store accepted emails with their first events: one statement for any number."""
-    if not emails:
-        return
+def _accept_args(team_id: UUID, emails: Sequence[NewEmail]) -> list[Any]:
+    """$1..$28 of ACCEPT: the events, the team, then one array per column."""
     clock = Clock()
     changes = [change for email in emails for change in acceptance_changes(team_id, email, clock)]
-    await conn.fetchrow(
-        ACCEPT,
+    return [
         *_change_args(changes),
         team_id,
         [e.id for e in emails],
@@ -262,7 +284,13 @@ async def accept_emails(conn: Connection, team_id: UUID, emails: Sequence[NewEma
         [e.smtp_message_id for e in emails],
         [e.provider for e in emails],
         [clock.tick() for _ in emails],
-    )
+    ]
+
+
+async def accept_emails(conn: Connection, team_id: UUID, emails: Sequence[NewEmail]) -> None:
+    """Store accepted emails with their first events: one statement for any number."""
+    if emails:
+        await conn.fetchrow(ACCEPT, *_accept_args(team_id, emails))
 
 
 class UnverifiedDomain(Exception):
@@ -284,31 +312,35 @@ def _domain_key(name: str) -> str:
 async def accept(
     conn: Connection, team_id: UUID, emails: Sequence[NewEmail], limits: QuotaDefaults
 ) -> list[NewEmail]:
-    """Check and store emails as one unit, in one transaction of three statements
-    for any number: their domains must be verified sending domains of the team
-    (else UnverifiedDomain, nothing stored); suppressed recipients are found; the
-    emails are stored with their first events; every recipient who is not
-    suppressed counts against the team's email quotas (else QuotaExceeded,
-    nothing stored). Returns them as stored."""
+    """Check and store emails as one unit, in two statements for any number:
+    their domains must be verified sending domains of the team (else
+    UnverifiedDomain, nothing stored) and suppressed recipients are found;
+    then the emails are stored with their first events and every recipient
+    who is not suppressed counts against the team's email quotas, in one
+    statement when the quota's fast path takes them, else in a transaction
+    that takes the slow path (QuotaExceeded: nothing stored). Returns them
+    as stored."""
     names = {e.domain: _domain_key(e.domain) for e in emails}
     lowered = sorted({a.lower() for e in emails for a in e.send_to})
+    row = returned(await conn.fetchrow(ACCEPT_CHECK, team_id, sorted(set(names.values())), lowered))
+    verified, blocked = set(row["verified"]), set(row["suppressed"])
+    checked = []
+    for index, email in enumerate(emails):
+        name = names[email.domain]
+        if name not in verified:
+            raise UnverifiedDomain(index, email.domain)
+        found = [a for a in email.send_to if a.lower() in blocked]
+        checked.append(replace(email, domain=name, suppressed=found))
+    sending = sum(len(e.send_to) - len(e.suppressed) for e in checked)
+    args = _accept_args(team_id, checked)
+    quota = quotas.claim_args(team_id, "email", sending, limits, datetime.now(UTC))
+    stored = await quotas.fast_attempt(
+        conn, ACCEPT_CLAIMING, [*args, *quota[2:]], lambda row: row is not None and row["stored"]
+    )
+    if returned(stored)["stored"]:
+        return checked
+    # No stripe of the quota had room (or all were held): the slow path.
     async with conn.transaction():
-        row = returned(
-            await conn.fetchrow(ACCEPT_CHECK, team_id, sorted(set(names.values())), lowered)
-        )
-        verified, blocked = set(row["verified"]), set(row["suppressed"])
-        checked = []
-        for index, email in enumerate(emails):
-            name = names[email.domain]
-            if name not in verified:
-                raise UnverifiedDomain(index, email.domain)
-            found = [a for a in email.send_to if a.lower() in blocked]
-            checked.append(replace(email, domain=name, suppressed=found))
-        await accept_emails(conn, team_id, checked)
-        # Last, so that the team's quota row stays locked for the least time.
-        sending = sum(len(e.send_to) - len(e.suppressed) for e in checked)
-        if sending:
-            await quotas.claim(conn, team_id, "email", sending, limits)
+        await conn.fetchrow(ACCEPT, *args)
+        await quotas.claim(conn, team_id, "email", sending, limits)
     return checked
-
-

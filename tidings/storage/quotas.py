@@ -1,25 +1,43 @@
 """Team quotas: limits on emails and SMS per UTC day and per UTC month.
 
 A send claims its messages with ``claim`` inside the transaction that
-records the send: one statement checks both limits and counts the messages
-under the row lock of the team's counter, so concurrent sends, in one
-process or several, never count past a limit, and a rolled-back send gives
-its claim back. Hold the lock briefly: claim as the last statement before
-the commit. Limits come from the team's own values (``tidings quotas set``)
-or else the settings' defaults (``QuotaDefaults``); 0 means unlimited.
+records the send, so a rolled-back send gives its claim back. The counters
+of a team and channel are ``STRIPES`` rows (stripes) that count apart, so
+that concurrent sends of one team do not wait for each other's commit: what
+the team used is their sum (migration 0013).
+
+Limits stay exact, in one process or several. Each stripe may count only up
+to its allowance, and the allowances of a period add up to at most the
+limit. A claim counts on one stripe whose allowance fits it, picked at
+random among those no other transaction holds (the fast path, one
+statement); when none fits, it locks every stripe of the team and channel,
+sums them, checks the limits and shares what is left out again as new
+allowances (the slow path). So a team far from its limits claims on the
+fast path, a team near them falls back to one-at-a-time claims, and an
+unlimited quota only counts. Limits come from the team's own values
+(``tidings quotas set``) or else the settings' defaults (``QuotaDefaults``);
+0 means unlimited.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Literal
 from uuid import UUID
 
 from tidings.config import QuotaDefaults
-from tidings.storage.db import Connection
+from tidings.storage.db import Connection, Row
+from tidings.storage.quota_stripes import (
+    ADD_STRIPES,
+    CLAIM_UNLOCKED,
+    LOCK_STRIPES,
+    SHARE_OUT,
+    STRIPES,
+    allowances,
+)
 
 Channel = Literal["email", "sms"]
 Period = Literal["day", "month"]
@@ -27,38 +45,13 @@ CHANNELS: tuple[Channel, ...] = ("email", "sms")
 PERIODS: tuple[Period, ...] = ("day", "month")
 NOUNS = {"email": ("email", "emails"), "sms": ("SMS", "SMS")}
 
-# $1 team, $2 channel, $3 count, $4 the UTC day, $5 the first day of the UTC
-# month, $6/$7 the default limits per day/month. The insert runs when the
-# team has no counter yet and the count fits the defaults; otherwise the
-# conflict path counts, guarded by the limits on the locked, latest row. A
-# caller whose clock is behind counts into the newer period already stored.
-CLAIM = """
-WITH given AS (
-    SELECT $1::uuid AS team_id, $2::text AS channel, $3::bigint AS n,
-           $4::date AS day, $5::date AS month, $6::bigint AS per_day, $7::bigint AS per_month
-)
-INSERT INTO team_quotas AS q (team_id, channel, day, day_used, month, month_used)
-SELECT team_id, channel, day, n, month, n FROM given
-WHERE EXISTS (SELECT 1 FROM team_quotas t WHERE t.team_id = $1 AND t.channel = $2)
-   OR ((per_day = 0 OR n <= per_day) AND (per_month = 0 OR n <= per_month))
-ON CONFLICT (team_id, channel) DO UPDATE SET
-    day = GREATEST(q.day, EXCLUDED.day),
-    day_used = CASE WHEN q.day >= EXCLUDED.day THEN q.day_used ELSE 0 END + EXCLUDED.day_used,
-    month = GREATEST(q.month, EXCLUDED.month),
-    month_used = CASE WHEN q.month >= EXCLUDED.month THEN q.month_used ELSE 0 END
-                 + EXCLUDED.month_used
-WHERE (COALESCE(q.per_day, $6) = 0
-       OR CASE WHEN q.day >= EXCLUDED.day THEN q.day_used ELSE 0 END + EXCLUDED.day_used
-          <= COALESCE(q.per_day, $6))
-  AND (COALESCE(q.per_month, $7) = 0
-       OR CASE WHEN q.month >= EXCLUDED.month THEN q.month_used ELSE 0 END
-          + EXCLUDED.month_used <= COALESCE(q.per_month, $7))
-RETURNING day_used, month_used
-"""
-
 SELECT_QUOTAS = """
-SELECT channel, per_day, per_month, day, day_used, month, month_used
-FROM team_quotas WHERE team_id = $1 AND ($2::text IS NULL OR channel = $2)
+SELECT channel, per_day, per_month FROM team_quotas
+WHERE team_id = $1 AND ($2::text IS NULL OR channel = $2)
+"""
+SELECT_STRIPES = """
+SELECT channel, day, day_used, month, month_used FROM team_quota_stripes
+WHERE team_id = $1 AND ($2::text IS NULL OR channel = $2)
 """
 
 # $2 channels; per channel: $3 whether to set per_day, $4 its value, $5/$6 the
@@ -138,7 +131,9 @@ class QuotaExceeded(Exception):
 
 @dataclass(frozen=True)
 class Usage:
-    """What the current day and month of a channel have used, after a claim."""
+    """What the current day and month of a channel have used, after a claim, as
+    the claim saw it: exact on the slow path; on the fast path, claims of other
+    transactions not yet committed are not in it."""
 
     day_used: int
     month_used: int
@@ -167,8 +162,13 @@ class LimitChange:
     limit: int | None
 
 
-def _used(stored_period: date | None, used: int, current: date) -> int:
-    return used if stored_period is not None and stored_period >= current else 0
+def claim_args(
+    team_id: UUID, channel: Channel, count: int, defaults: QuotaDefaults, now: datetime
+) -> list[object]:
+    """The parameters of ``CLAIM_UNLOCKED``, in order ($1..$7)."""
+    per_day, per_month = defaults.for_channel(channel)
+    return [team_id, channel, count, period_start("day", now), period_start("month", now),
+            per_day, per_month]
 
 
 async def claim(
@@ -184,41 +184,93 @@ async def claim(
 
     Raises QuotaExceeded, counting nothing, when that would pass the daily or
     the monthly limit. Call it inside the send's transaction: the count is
-    given back if that transaction rolls back, and concurrent claims wait for
-    it on the counter's row lock.
+    given back if that transaction rolls back. The stripe it counted on stays
+    locked until then; other sends of the team count on other stripes.
     """
     if count < 0:
         raise ValueError(f"cannot claim {count} messages")
     now = now or datetime.now(UTC)
-    day, month = period_start("day", now), period_start("month", now)
-    per_day, per_month = defaults.for_channel(channel)
     if count == 0:
         return Usage(0, 0)
-    row = await conn.fetchrow(CLAIM, team_id, channel, count, day, month, per_day, per_month)
+    args = claim_args(team_id, channel, count, defaults, now)
+    # A stripe with room that no one holds. Never a wait for one that is held:
+    # a statement waiting for one stripe may hold another it found used up,
+    # which a slow path may be waiting for.
+    row = await fast_attempt(conn, CLAIM_UNLOCKED, args, lambda row: row is not None)
     if row is not None:
         return Usage(row["day_used"], row["month_used"])
-    raise await _refusal(conn, team_id, channel, count, defaults, now)
+    return await claim_slowly(conn, team_id, channel, count, defaults, now)
 
 
-async def _refusal(
+class _Undo(Exception):
+    pass
+
+
+async def fast_attempt(
+    conn: Connection, statement: str, args: Sequence[object], counted: Callable[[Row | None], bool]
+) -> Row | None:
+    """Run a statement that holds the quota's fast path and return its row.
+
+    A stripe can be left locked by a statement that did not count on it: it
+    had room when the statement began, and none once its holder committed.
+    A claim that goes on to the slow path must not hold it (two slow paths
+    could then wait for each other), so inside a transaction a statement
+    that did not count (``counted`` false) is rolled back to a savepoint.
+    Outside one, its locks end with it.
+    """
+    if not conn.is_in_transaction():
+        return await conn.fetchrow(statement, *args)
+    row = None
+    try:
+        async with conn.transaction():
+            row = await conn.fetchrow(statement, *args)
+            if not counted(row):
+                raise _Undo
+    except _Undo:
+        pass
+    return row
+
+
+async def claim_slowly(
     conn: Connection,
     team_id: UUID,
     channel: Channel,
     count: int,
     defaults: QuotaDefaults,
     now: datetime,
-) -> QuotaExceeded:
-    """Which quota refused a claim: the monthly one if it does (the daily reset
-    would not help), else the daily one."""
-    statuses = {s.period: s for s in await quota_status(conn, team_id, defaults, now, channel)}
-    chosen = statuses["day"]
-    month = statuses["month"]
-    if month.limit is not None and month.used + count > month.limit:
-        chosen = month
-    elif chosen.limit is None:
-        chosen = month
-    limit = chosen.limit if chosen.limit is not None else 0
-    return QuotaExceeded(channel, chosen.period, limit, chosen.used, count, chosen.resets_at, now)
+) -> Usage:
+    """The slow path of ``claim``: lock every stripe, sum, check, count on one
+    and share the room left under each limit out as the stripes' allowances.
+    Inside the caller's transaction."""
+    day, month = period_start("day", now), period_start("month", now)
+    rows = await conn.fetch(LOCK_STRIPES, team_id, channel)
+    if len(rows) < STRIPES:
+        await conn.execute(ADD_STRIPES, team_id, channel, STRIPES, day, month)
+        rows = await conn.fetch(LOCK_STRIPES, team_id, channel)
+    default_day, default_month = defaults.for_channel(channel)
+    own_day, own_month = rows[0]["per_day"], rows[0]["per_month"]
+    per_day = default_day if own_day is None else own_day
+    per_month = default_month if own_month is None else own_month
+    # A caller whose clock is behind counts into the newer period already stored.
+    day = max([day, *(row["day"] for row in rows)])
+    month = max([month, *(row["month"] for row in rows)])
+    day_used = [row["day_used"] if row["day"] == day else 0 for row in rows]
+    month_used = [row["month_used"] if row["month"] == month else 0 for row in rows]
+    used_day, used_month = sum(day_used), sum(month_used)
+    month_blocks = bool(per_month) and used_month + count > per_month
+    if month_blocks or (per_day and used_day + count > per_day):
+        # The monthly quota if it blocks (the daily reset would not help).
+        period: Period = "month" if month_blocks else "day"
+        limit, used = (per_month, used_month) if month_blocks else (per_day, used_day)
+        raise QuotaExceeded(channel, period, limit, used, count, resets_at(period, now), now)
+    day_used[0] += count
+    month_used[0] += count
+    await conn.execute(
+        SHARE_OUT, team_id, channel, day, per_day, month, per_month,
+        [row["stripe"] for row in rows],
+        day_used, allowances(day_used, per_day), month_used, allowances(month_used, per_month),
+    )
+    return Usage(used_day + count, used_month + count)
 
 
 async def quota_status(
@@ -231,21 +283,22 @@ async def quota_status(
     """The team's quotas (of one channel, or of both), their use and resets."""
     now = now or datetime.now(UTC)
     rows = {row["channel"]: row for row in await conn.fetch(SELECT_QUOTAS, team_id, channel)}
+    stripes = await conn.fetch(SELECT_STRIPES, team_id, channel)
     statuses = []
     for name in CHANNELS if channel is None else (channel,):
         row = rows.get(name)
         for period, default in zip(PERIODS, defaults.for_channel(name), strict=True):
             own = None if row is None else row[f"per_{period}"]
             limit = default if own is None else own
-            current = period_start(period, now)
-            used = 0 if row is None else _used(row[period], row[f"{period}_used"], current)
+            counted = [(s[period], s[f"{period}_used"]) for s in stripes if s["channel"] == name]
+            current = max([period_start(period, now), *(stored for stored, _ in counted)])
             statuses.append(
                 QuotaStatus(
                     channel=name,
                     period=period,
                     limit=limit or None,
                     default=own is None,
-                    used=used,
+                    used=sum(used for stored, used in counted if stored == current),
                     resets_at=resets_at(period, now),
                 )
             )

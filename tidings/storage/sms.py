@@ -17,8 +17,9 @@ from uuid import UUID, uuid4
 
 from tidings.config import QuotaDefaults
 from tidings.storage import quotas
-from tidings.storage.connection import Connection, Row
+from tidings.storage.connection import Connection, Row, returned
 from tidings.storage.emails import Clock
+from tidings.storage.quota_stripes import fast_claim_sql
 from tidings.storage.sms_status import (
     CHANGE,
     RECORDED,
@@ -43,15 +44,16 @@ submitted_at, delivered_at, attempt_count, created_at, updated_at
 # Which sender IDs of the team ($1) the `from` names ($2: its spellings), the
 # approved one first, and whether the recipient ($3, E.164) opted out or is
 # suppressed.
-ACCEPT_CHECK = """
-SELECT (SELECT value FROM sender_ids WHERE team_id = $1 AND value = ANY($2::text[])
+CHECK = """
+SELECT (SELECT value FROM sender_ids WHERE team_id = {team} AND value = ANY({spellings})
         ORDER BY status = 'approved' DESC LIMIT 1) AS sender,
-       (SELECT status FROM sender_ids WHERE team_id = $1 AND value = ANY($2::text[])
+       (SELECT status FROM sender_ids WHERE team_id = {team} AND value = ANY({spellings})
         ORDER BY status = 'approved' DESC LIMIT 1) AS sender_status,
-       EXISTS (SELECT 1 FROM suppressions WHERE team_id = $1 AND address = $3)
-       OR EXISTS (SELECT 1 FROM contacts WHERE team_id = $1 AND normalized_phone = $3
+       EXISTS (SELECT 1 FROM suppressions WHERE team_id = {team} AND address = {to})
+       OR EXISTS (SELECT 1 FROM contacts WHERE team_id = {team} AND normalized_phone = {to}
                   AND sms_consent_status = 'opted_out') AS opted_out
 """
+ACCEPT_CHECK = CHECK.format(team="$1", spellings="$2::text[]", to="$3")
 
 # The message ($11..) with its first event; its team's senders are woken
 # when (and only if) it commits and it is due now.
@@ -68,6 +70,44 @@ SELECT inserted.*, (SELECT woken FROM woken),
        (SELECT count(pg_notify('{DUE_CHANNEL}', $12::text)) WHERE $21::timestamptz IS NULL)
            AS senders
 FROM inserted
+"""
+
+# The common case in one statement: the check above ($12 team, $26 the
+# spellings of `from`, $13 the number), the quota's fast path ($22/$23 the UTC
+# day and month, $24/$25 the default limits), and, only when the check passed
+# and a stripe counted the message, ACCEPT's message and event (the event's
+# `from` is the sender ID as stored). Nothing is written otherwise: the caller
+# learns why from the check, or takes the slow path (``accept``).
+_QUOTA, _ = fast_claim_sql(
+    ready=" AND (SELECT ready FROM checked)",
+    team="$12::uuid", channel="'sms'", n="1::bigint", day="$22::date", month="$23::date",
+    per_day="$24::bigint", per_month="$25::bigint",
+)
+ACCEPT_CLAIMING = f"""
+WITH checked AS (
+    SELECT c.*, c.sender_status = 'approved' AND NOT c.opted_out AS ready
+    FROM ({CHECK.format(team="$12::uuid", spellings="$26::text[]", to="$13::text")}) c
+), {_QUOTA}, change AS (
+    SELECT c.id, c.sms_id, c.team_id, c.status, c.recipient, c.occurred_at, c.provider, c.code,
+           c.message, c.data || jsonb_build_object('from', (SELECT sender FROM checked)) AS data
+    FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
+                $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::jsonb[])
+        AS c(id, sms_id, team_id, status, recipient, occurred_at, provider, code, message, data)
+    WHERE EXISTS (SELECT 1 FROM quota_counted)
+), inserted AS (
+    INSERT INTO sms_messages (id, team_id, to_number, country, from_sender, body, encoding,
+                              segments, status, provider, metadata, scheduled_at,
+                              next_attempt_at, created_at, updated_at)
+    SELECT $11, $12, $13, $14, coalesce(checked.sender, $15::text), $16, $17, $18, 'queued',
+           $19, $20::jsonb, $21, coalesce($21, now()), now(), now()
+    FROM checked WHERE EXISTS (SELECT 1 FROM quota_counted)
+    RETURNING {SMS_COLUMNS}
+), {RECORDED}
+SELECT checked.sender_status AS checked_status, checked.opted_out AS checked_opted_out,
+       inserted.*, (SELECT woken FROM woken),
+       (SELECT count(pg_notify('{DUE_CHANNEL}', $12::text)) FROM inserted
+        WHERE $21::timestamptz IS NULL) AS senders
+FROM checked LEFT JOIN inserted ON true
 """
 
 SELECT_SMS = f"SELECT {SMS_COLUMNS} FROM sms_messages WHERE team_id = $1 AND id = $2"
@@ -166,7 +206,39 @@ async def accept(
 ) -> Sms:
     """Check and store one message with its ``queued`` event, and count it
     against the team's quota, as one unit: SenderNotApproved, OptedOut or
-    QuotaExceeded leave nothing behind."""
+    QuotaExceeded leave nothing behind. One statement when the quota's fast
+    path takes it; else a transaction that takes the slow path."""
+    now = Clock().tick()
+    change = Change(sms.id, team_id, "queued", sms.to, now, sms.provider,
+                    event_data(sms.id, sms.sender_candidates[0], sms.to, sms.segments, "queued"))
+    args = [*change_args([change]), *_message_args(team_id, sms),
+            *quotas.claim_args(team_id, "sms", 1, defaults, now)[3:], sms.sender_candidates]
+    row = returned(await quotas.fast_attempt(
+        conn, ACCEPT_CLAIMING, args, lambda row: row is not None and row["id"] is not None
+    ))
+    if row["checked_status"] != "approved":
+        raise SenderNotApproved(row["checked_status"])
+    if row["checked_opted_out"]:
+        raise OptedOut(sms.to)
+    if row["id"] is not None:
+        return Sms.from_row(row)
+    return await _accept_in_steps(conn, team_id, sms, defaults)
+
+
+def _message_args(team_id: UUID, sms: NewSms) -> list[Any]:
+    """$11..$21 of ACCEPT: the message; $15 is the sender (ACCEPT_CLAIMING: the check's)."""
+    return [
+        sms.id, team_id, sms.to, sms.country, None, sms.body, sms.encoding, sms.segments,
+        sms.provider, None if sms.metadata is None else json.dumps(sms.metadata),
+        sms.scheduled_at,
+    ]
+
+
+async def _accept_in_steps(
+    conn: Connection, team_id: UUID, sms: NewSms, defaults: QuotaDefaults
+) -> Sms:
+    """``accept`` when no stripe of the quota had room (or all were held): the
+    check, the message and the claim in one transaction."""
     async with conn.transaction():
         check = await conn.fetchrow(ACCEPT_CHECK, team_id, sms.sender_candidates, sms.to)
         assert check is not None
@@ -178,14 +250,9 @@ async def accept(
         at = Clock().tick()
         data = event_data(sms.id, sender, sms.to, sms.segments, "queued")
         change = Change(sms.id, team_id, "queued", sms.to, at, sms.provider, data)
-        row = await conn.fetchrow(
-            ACCEPT,
-            *change_args([change]),
-            sms.id, team_id, sms.to, sms.country, sender, sms.body, sms.encoding,
-            sms.segments, sms.provider,
-            None if sms.metadata is None else json.dumps(sms.metadata),
-            sms.scheduled_at,
-        )
+        args = _message_args(team_id, sms)
+        args[4] = sender
+        row = await conn.fetchrow(ACCEPT, *change_args([change]), *args)
         assert row is not None
         await quotas.claim(conn, team_id, "sms", 1, defaults)
     return Sms.from_row(row)
