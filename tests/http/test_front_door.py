@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import MutableMapping
 from typing import Any
+from uuid import UUID
 
 import pytest
 import trio
@@ -136,12 +137,12 @@ async def test_only_storage_unit_routes_bypass_quart(service: Service) -> None:
     for method, path in [
         ("POST", "/contacts"), ("HEAD", "/contacts"), ("OPTIONS", "/contacts"),
         ("PUT", "/contacts"), ("GET", "/nowhere"), ("GET", "/healthz"), ("POST", "/emails"),
-        ("GET", "/contacts//"),
+        ("POST", f"/sms/{UUID(int=0)}/sync"), ("GET", "/contacts//"),
     ]:
         await exchange(door, http_scope(method, path, []))
     assert passed == [
         "HEAD /contacts", "OPTIONS /contacts", "PUT /contacts", "GET /nowhere",
-        "GET /healthz", "POST /emails", "GET /contacts//",
+        "GET /healthz", f"POST /sms/{UUID(int=0)}/sync", "GET /contacts//",
     ]
 
 
