@@ -24,12 +24,10 @@ the ratios to ``contacts`` and the load average before and after.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import statistics
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ import httpx
 
 from bench.api import cpu_seconds
 from bench.harness import HarnessError, Service, log, running_service
-from bench.loadgen import wrk_available
+from bench.loadgen import CONTACT_BODY, run_wrk, wrk_available
 
 DOMAIN = "bench.example"
 SENDER = "Bench"
@@ -46,41 +44,13 @@ SENDER = "Bench"
 # Each body is a template: ID becomes a unique id, NUM four digits (a valid
 # US number the sandbox delivers to).
 BODIES = {
-    "contacts": ("/contacts", '{"email": "ID@bench.example", "first_name": "B"}'),
+    "contacts": ("/contacts", CONTACT_BODY),
     "emails": ("/emails", '{"from": "Bench <news@' + DOMAIN + '>", "to": "ID@sink.example", '
                '"subject": "Your receipt", '
                '"html": "<h1>Thanks</h1><p>Your order is on its way.</p>"LATER}'),
     "sms": ("/sms", '{"to": "+1415555NUM", "from": "' + SENDER + '", '
             '"body": "Your code is ID"LATER}'),
 }
-
-WRK_SCRIPT = """
-local made = 0
-function setup(thread)
-  made = made + 1
-  thread:set("tid", made)
-end
-local counter = 0
-local template = %(template)s
-function request()
-  counter = counter + 1
-  local id = "%(run)s" .. tid .. "x" .. counter
-  local num = string.format("%%04d", counter %% 9000 + 100)
-  local headers = {["Authorization"] = "Bearer %(token)s",
-                   ["Content-Type"] = "application/json"}
-  if %(idempotent)s then headers["Idempotency-Key"] = "bench-" .. id end
-  local body = template:gsub("ID", id):gsub("NUM", num)
-  return wrk.format("POST", "%(path)s", headers, body)
-end
-function done(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    'WRKJSON {"requests": %%d, "duration_us": %%d, "non2xx": %%d, "errors": %%d, ' ..
-    '"p50_us": %%d, "p99_us": %%d}\\n',
-    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
-    latency:percentile(50), latency:percentile(99)))
-end
-"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,29 +81,11 @@ def _template(phase: str) -> tuple[str, str]:
 def wrk(service: Service, token: str, phase: str, idempotent: bool, seconds: float,
         connections: int) -> dict[str, Any]:
     path, body = _template(phase)
-    script = WRK_SCRIPT % {
-        "template": json.dumps(body), "run": secrets.token_hex(3), "token": token,
-        "idempotent": str(idempotent).lower(), "path": path,
-    }
-    with tempfile.NamedTemporaryFile("w", suffix=".lua") as file:
-        file.write(script)
-        file.flush()
-        done = subprocess.run(
-            ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-             "--timeout", "10s", "-s", file.name, service.base_url],
-            capture_output=True, text=True, check=True,
-        )
-    line = next(row for row in done.stdout.splitlines() if row.startswith("WRKJSON "))
-    figures = json.loads(line.removeprefix("WRKJSON "))
-    duration = figures["duration_us"] / 1e6
-    accepted = figures["requests"] - figures["non2xx"]
-    return {
-        "accepted": accepted,
-        "errors": figures["non2xx"] + figures["errors"],
-        "requests_per_s": round(accepted / duration, 1),
-        "p50_ms": round(figures["p50_us"] / 1000, 2),
-        "p99_ms": round(figures["p99_us"] / 1000, 2),
-    }
+    host, port = service.base_url.removeprefix("http://").rsplit(":", 1)
+    return run_wrk(
+        host, int(port), token, idempotent=idempotent, run=secrets.token_hex(3),
+        connections=connections, seconds=seconds, path=path, body=body,
+    )
 
 
 def prepare(service: Service, token: str) -> None:

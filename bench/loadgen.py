@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -271,14 +272,16 @@ function setup(thread)
   thread:set("tid", made)
 end
 local counter = 0
+local template = %(template)s
 function request()
   counter = counter + 1
   local id = "%(run)s-" .. tid .. "-" .. counter
+  local num = string.format("%%04d", counter %% 9000 + 100)
   local headers = {["Authorization"] = "Bearer %(token)s",
                    ["Content-Type"] = "application/json"}
   if %(idempotent)s then headers["Idempotency-Key"] = "bench-" .. id end
-  return wrk.format("POST", "/contacts", headers,
-                    '{"email": "' .. id .. '@bench.example", "first_name": "B"}')
+  local body = template:gsub("ID", id):gsub("NUM", num)
+  return wrk.format("POST", "%(path)s", headers, body)
 end
 function done(summary, latency, requests)
   local e = summary.errors
@@ -290,6 +293,9 @@ function done(summary, latency, requests)
 end
 """
 
+# A new contact per request: ID becomes a unique id in each body.
+CONTACT_BODY = '{"email": "ID@bench.example", "first_name": "B"}'
+
 
 def wrk_available() -> bool:
     return shutil.which("wrk") is not None
@@ -297,10 +303,14 @@ def wrk_available() -> bool:
 
 def run_wrk(
     host: str, port: int, token: str, *, idempotent: bool, run: str, connections: int,
-    seconds: float, threads: int = 1,
-) -> dict[str, object]:
-    """Drive ``POST /contacts`` with wrk (unique emails, and keys when ``idempotent``)."""
-    script = WRK_SCRIPT % {"run": run, "token": token, "idempotent": str(idempotent).lower()}
+    seconds: float, threads: int = 1, path: str = "/contacts", body: str = CONTACT_BODY,
+) -> dict[str, Any]:
+    """Drive ``POST path`` with wrk, each request's ``body`` with ``ID`` made unique
+    and ``NUM`` four digits (and a fresh key on each when ``idempotent``)."""
+    script = WRK_SCRIPT % {
+        "template": json.dumps(body), "run": run, "token": token,
+        "idempotent": str(idempotent).lower(), "path": path,
+    }
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as file:
         file.write(script)
         file.flush()
