@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from bench.api import cpu_seconds
+from bench.api import SETTLE_SECONDS, cpu_seconds
 from bench.harness import HarnessError, Service, log, running_service
 from bench.loadgen import CONTACT_BODY, run_wrk, wrk_available
 
@@ -107,6 +107,7 @@ def measure(service: Service, token: str, phase: str, idempotent: bool,
             args: argparse.Namespace, profile: Path | None) -> dict[str, Any]:
     if args.warmup > 0:
         wrk(service, token, phase, idempotent, args.warmup, args.connections)
+        time.sleep(SETTLE_SECONDS)  # as in bench api: the warm-up's last requests finish
     pid = service.process.pid
     spy = None
     if profile is not None:
