@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 TIDINGS = (sys.executable, "-m", "tidings")
+CHECKOUT = Path(__file__).resolve().parents[1]
 _STARTED = time.monotonic()
 
 
@@ -75,6 +76,7 @@ class Service:
         self.process = subprocess.Popen(
             [*TIDINGS, "serve", "--host", host, "--port", str(port), *serve_args],
             env=env,
+            cwd=workdir,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
@@ -102,6 +104,7 @@ class Service:
             done = subprocess.run(
                 [*TIDINGS, *args],
                 env=self.env,
+                cwd=self.workdir,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
@@ -205,6 +208,10 @@ def service_env(data_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
         env["TIDINGS_DATA_DIR"] = str(data_dir)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
+    # The service runs in its work directory, so the code it imports is the
+    # PYTHONPATH's (an A/B run puts another checkout first), then this one.
+    path = [env.get("PYTHONPATH", ""), str(CHECKOUT)]
+    env["PYTHONPATH"] = os.pathsep.join(part for part in path if part)
     return env
 
 
