@@ -240,7 +240,11 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
             deadline = math.inf
             free = self._limit - self._in_flight
             if free > 0:
-                batch = await self._job.claim(free)
+                # Shielded: a claim cut short on the trio side may still take
+                # its leases in PostgreSQL. Finished, its rows reach _perform,
+                # which gives them back at once if the actor is going down.
+                with trio.CancelScope(shield=True):
+                    batch = await self._job.claim(free)
                 for item in batch.items:
                     self._in_flight += 1
                     nursery.start_soon(self._perform, item)
