@@ -241,10 +241,16 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
             free = self._limit - self._in_flight
             if free > 0:
                 # Shielded: a claim cut short on the trio side may still take
-                # its leases in PostgreSQL. Finished, its rows reach _perform,
-                # which gives them back at once if the actor is going down.
+                # its leases in PostgreSQL. Finished, its rows are given back
+                # at once if the actor is going down meanwhile.
                 with trio.CancelScope(shield=True):
                     batch = await self._job.claim(free)
+                try:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                except trio.Cancelled:
+                    with trio.move_on_after(2, shield=True):
+                        await self._job.release(batch.items)
+                    raise
                 for item in batch.items:
                     self._in_flight += 1
                     nursery.start_soon(self._perform, item)
