@@ -14,6 +14,7 @@ import math
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -26,7 +27,7 @@ from tidings.actors.duework import Batch, DueWork, LeasedWorker, open_listener
 from tidings.actors.policy import Backoff, Intensity
 from tidings.actors.runtime import Runtime, open_runtime
 from tidings.storage.connection import AsyncioConnection
-from tidings.storage.db import Database
+from tidings.storage.db import Database, UnitPool, open_unit_pool
 from tidings.storage.leases import keys_of, lease_sql, owners_of
 
 CHANNEL = "test_jobs_due"
@@ -77,12 +78,18 @@ class Still:
                 self.clock.autojump_threshold = 0
 
 
+virtual_now: ContextVar[float] = ContextVar("virtual_now")
+
+
 class StillDatabase(Database):
-    def __init__(self, pool: Any, url: str, still: Still) -> None:
-        super().__init__(pool, url)
+    def __init__(self, pool: Any, units: UnitPool, url: str, still: Still) -> None:
+        super().__init__(pool, units, url)
         self.still = still
 
     async def run(self, unit: Any, *args: Any) -> Any:
+        # Units run on the storage loop's thread, away from trio: they read
+        # the virtual clock's time from here.
+        virtual_now.set(trio.current_time())
         with self.still.io():
             return await super().run(unit, *args)
 
@@ -120,8 +127,11 @@ async def db(clock: trio.testing.MockClock, database_url: str) -> AsyncIterator[
     async with triopg.connect(database_url) as conn:
         await conn.execute(SCHEMA)
     still = Still(clock)
-    async with triopg.create_pool(database_url, min_size=1, max_size=6) as pool:
-        database = StillDatabase(pool, database_url, still)
+    async with (
+        triopg.create_pool(database_url, min_size=1, max_size=6) as pool,
+        open_unit_pool(database_url, 6) as units,
+    ):
+        database = StillDatabase(pool, units, database_url, still)
         clock.autojump_threshold = 0
         try:
             yield database
@@ -163,7 +173,7 @@ class JobOfOwner:
 
     async def claim(self, limit: int) -> Batch[UUID]:
         async def unit(conn: AsyncioConnection) -> Batch[UUID]:
-            now = trio.current_time()
+            now = virtual_now.get()
             args = (now, self._owner, self._worker.id, LEASE_SECONDS, limit)
             rows = await conn.fetch(LEASES.claim, *args)
             seconds = await conn.fetchval(LEASES.seconds_to_next_due, now, self._owner)
@@ -196,17 +206,20 @@ class JobOfOwner:
             await conn.execute(LEASES.release, list(items), self._worker.id)
 
         await self._db.run(unit)
+        await trio.sleep(self._worker.slow_release)
 
 
 class Worker:
     """One "process": its lease owner id and what its actors performed."""
 
     def __init__(
-        self, *, work_seconds: float = 0.0, hang: bool = False, poison: set[UUID] | None = None
+        self, *, work_seconds: float = 0.0, hang: bool = False, poison: set[UUID] | None = None,
+        slow_release: float = 0.0,
     ) -> None:
         self.id = uuid4()
         self.work_seconds = work_seconds
         self.hang = hang
+        self.slow_release = slow_release  # seconds a release takes after it gave rows back
         self.poison = poison or set()
         self.performed: list[tuple[UUID, float]] = []
         self.given_up: list[UUID] = []
@@ -216,7 +229,7 @@ class Worker:
         intensity: Intensity | None = None,
     ) -> Any:
         async def due(conn: AsyncioConnection, limit: int) -> list[UUID]:
-            return owners_of(await conn.fetch(LEASES.due_owners, trio.current_time(), limit))
+            return owners_of(await conn.fetch(LEASES.due_owners, virtual_now.get(), limit))
 
         async def on_give_up(owner: UUID, error: Exception) -> None:
             self.given_up.append(owner)
@@ -325,7 +338,7 @@ async def test_an_expired_lease_is_taken_over_by_another_owner(
 
     # The dead owner, were it to come back, could record nothing: the lease is not its.
     async def late(conn: AsyncioConnection) -> Any:
-        return await conn.fetchval(LEASES.record, job, dead.id, trio.current_time())
+        return await conn.fetchval(LEASES.record, job, dead.id, virtual_now.get())
 
     assert await db.run(late) == 0
     assert (await jobs(db))[job]["done_by"] == healthy.id
@@ -380,6 +393,23 @@ async def test_an_owner_whose_actor_keeps_crashing_is_given_up(
     assert state[bad]["done_at"] is None and state[bad]["lease_owner"] is None
     [row] = await db.sql("SELECT status FROM test_owners WHERE id = $1", poison)
     assert row["status"] == "failed"
+
+
+async def test_a_row_that_crashes_its_actor_is_not_claimed_again_on_the_way_down(
+    db: StillDatabase, clock: trio.testing.MockClock
+) -> None:
+    poison = uuid4()
+    # The row is back in the table while its release still runs, and the
+    # dispatcher's poll wakes the actor meanwhile: it must not claim it again.
+    worker = Worker(poison={poison}, slow_release=1.5)
+    [bad] = await add_jobs(db, poison, 0)
+    async with open_runtime(db, listen=db.listen) as runtime:
+        worker.register(runtime, db, poll_seconds=0.5, intensity=Intensity(restarts=1, within=60))
+        while not worker.given_up:
+            await trio.sleep(0.5)
+        runtime.stop()
+    attempts = [at for job, at in worker.performed if job == bad]
+    assert len(attempts) == 2  # the first run and one restart, each performed once
 
 
 async def test_renew_extends_only_the_leases_still_held(

@@ -18,14 +18,25 @@ from tidings.http.app import create_app
 from tidings.http.shedding import Shedder
 from tidings.http.system import Readiness
 from tidings.service import Service, open_service
+from tidings.storage.connection import AsyncioConnection
 
 # A probe must answer well within this, whatever else the process is doing.
 PROBE_SECONDS = 1.5
 
 
+HOLD_KEY = 7_654_321
+
+
+async def _wait_for_lock(conn: AsyncioConnection) -> None:
+    await conn.fetchval("SELECT pg_advisory_lock_shared($1)", HOLD_KEY)
+    await conn.fetchval("SELECT pg_advisory_unlock_shared($1)", HOLD_KEY)
+
+
 @asynccontextmanager
 async def held_pool(service: Service) -> AsyncIterator[None]:
-    """Every pooled connection taken, so any request that needs one waits."""
+    """Every pooled connection taken, so any request that needs one waits:
+    those of the trio-side pool held open, and those of the storage units'
+    pool each in a unit waiting in PostgreSQL for an advisory lock."""
     size = service.config.db_pool_size
     held = 0
     release = trio.Event()
@@ -36,14 +47,35 @@ async def held_pool(service: Service) -> AsyncIterator[None]:
             held += 1
             await release.wait()
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(size):
-            nursery.start_soon(hold)
-        await wait_for(lambda: held == size)
+    async with service.db.acquire() as locker:
+        await locker.fetchval("SELECT pg_advisory_lock($1)", HOLD_KEY)
         try:
-            yield
+            async with trio.open_nursery() as nursery:
+                for _ in range(size):
+                    nursery.start_soon(service.db.run, _wait_for_lock)
+                await wait_for_locked(service, size)
+                # The locker is one of the trio side's: hold the others.
+                for _ in range(size - 1):
+                    nursery.start_soon(hold)
+                await wait_for(lambda: held == size - 1)
+                try:
+                    yield
+                finally:
+                    release.set()
+                    await locker.fetchval("SELECT pg_advisory_unlock($1)", HOLD_KEY)
         finally:
-            release.set()
+            await locker.fetchval("SELECT pg_advisory_unlock_all()")
+
+
+async def wait_for_locked(service: Service, count: int) -> None:
+    """Until ``count`` sessions wait for the hold lock."""
+    with trio.fail_after(10):
+        async with service.db.acquire() as conn:
+            while await conn.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND objid = $1::bigint", HOLD_KEY,
+            ) < count:
+                await trio.sleep(0.01)
 
 
 async def test_healthz_and_readyz_answer_while_the_pool_is_held(

@@ -213,6 +213,9 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
         self._done: list[tuple[ItemT, OutcomeT]] = []
         self._to_record = trio.Event()
         self._closing = False
+        # A row failed or was cut short: the actor is going down, so it
+        # claims nothing more (a row it gives back is not taken again here).
+        self._failing = False
 
     async def run(self, mailbox: Mailbox[Wake]) -> None:
         async with self._job.open(), trio.open_nursery() as nursery:
@@ -235,7 +238,7 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
 
     async def _loop(self, nursery: trio.Nursery, mailbox: Mailbox[Wake]) -> None:
         idle_deadline = trio.current_time() + self._idle_seconds
-        while not mailbox.stopping:
+        while not mailbox.stopping and not self._failing:
             self._poked = trio.Event()
             deadline = math.inf
             free = self._limit - self._in_flight
@@ -251,6 +254,10 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
                     with trio.move_on_after(2, shield=True):
                         await self._job.release(batch.items)
                     raise
+                if self._failing:
+                    with trio.move_on_after(2, shield=True):
+                        await self._job.release(batch.items)
+                    return
                 for item in batch.items:
                     self._in_flight += 1
                     nursery.start_soon(self._perform, item)
@@ -280,7 +287,9 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
         finally:
             self._in_flight -= 1
             if not done:
-                # Cut short (shutdown): give the row back for another try now.
+                self._failing = True
+                # Failed, or cut short (shutdown): give the row back for
+                # another try now.
                 with trio.move_on_after(2, shield=True):
                     await self._job.release([item])
             self._to_record.set()

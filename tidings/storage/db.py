@@ -7,6 +7,9 @@ Connections come in two kinds, one per side of the trio/asyncio bridge:
   give trio code (a triopg proxy). Each await on it crosses to asyncio and back.
 - ``AsyncioConnection``: what ``Database.run(unit, ...)`` gives ``unit``, which
   runs whole on the asyncio side (a plain asyncpg connection), in one crossing.
+  Those units run on an asyncio loop in a thread of its own
+  (``tidings.loop_thread``), with a pool of their own; trio-asyncio's
+  loop, inside trio, serves the triopg proxies.
 
 Storage functions are written against ``Connection``, which both are, so they
 run on either side. **Which functions may run on the asyncio side** (be
@@ -29,6 +32,7 @@ the asyncio loop. Three things hold that line:
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import json
@@ -37,6 +41,7 @@ import os
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -47,6 +52,7 @@ import trio_asyncio
 import triopg
 
 from tidings.config import Config
+from tidings.loop_thread import LoopThread
 from tidings.storage.connection import (
     AsyncioConnection,
     Connection,
@@ -68,12 +74,16 @@ __all__ = [
     "TrioConnection",
     "WrongSide",
     "open_database",
+    "UnitPool",
+    "open_unit_pool",
     "returned",
 ]
 
 log = logging.getLogger("tidings.storage")
 
 EMBEDDED_DATABASE = "tidings"
+# How long the units' pool waits at shutdown for connections still out.
+POOL_CLOSE_SECONDS = 10.0
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -141,8 +151,9 @@ async def _keep_session(conn: Any) -> None:
 class Database:
     """The pool of one service process."""
 
-    def __init__(self, pool: Any, url: str) -> None:
-        self._pool = pool
+    def __init__(self, pool: Any, units: UnitPool, url: str) -> None:
+        self._pool = pool  # triopg's, for trio code
+        self._units = units  # for ``run``
         self.url = url
 
     async def run(
@@ -157,15 +168,14 @@ class Database:
         Each await on a triopg connection crosses from trio to asyncio and
         back, which costs more CPU here than the query itself. A unit that
         only awaits its connection runs whole on the asyncio side instead:
-        acquire, its queries, release, in one crossing. Which units may: see
-        the module docstring; any other is refused with ``WrongSide``.
-        Cancellation while it runs cancels the asyncio task; the connection
-        goes back to the pool.
+        acquire, its queries, release, in one crossing to the storage loop's
+        thread. Which units may: see the module docstring; any other is
+        refused with ``WrongSide``. Cancellation while it runs cancels the
+        asyncio task; the connection goes back to the pool.
         """
         _not_on_asyncio_side("Database.run")
         _check_unit(unit)
-        runner = trio_asyncio.aio_as_trio(self._run_on_asyncio)
-        result: T = await runner(unit, args, kwargs)
+        result: T = await self._units.loop.run(self._run_on_asyncio, unit, args, kwargs)
         return result
 
     async def _run_on_asyncio(
@@ -176,8 +186,7 @@ class Database:
     ) -> T:
         # This runs in an asyncio task of its own: the mark stays inside it.
         _on_asyncio_side.set(True)
-        # triopg's pool proxy wraps an asyncpg pool; use it directly here.
-        async with self._pool._asyncpg_pool.acquire() as conn:
+        async with self._units.pool.acquire() as conn:
             return await unit(conn, *args, **kwargs)
 
     def acquire(self) -> AbstractAsyncContextManager[TrioConnection]:
@@ -310,7 +319,46 @@ async def open_database(config: Config, *, run_migrations: bool = True) -> Async
                     applied = await migrate(conn)
                 if applied:
                     log.info("applied migrations: %s", ", ".join(applied))
-            yield Database(pool, url)
+            async with open_unit_pool(url, config.db_pool_size) as units:
+                yield Database(pool, units, url)
+
+
+@dataclass(frozen=True)
+class UnitPool:
+    """The connections ``Database.run`` gives units, and the loop they run on."""
+
+    loop: LoopThread
+    pool: asyncpg.Pool
+
+
+@asynccontextmanager
+async def open_unit_pool(url: str, size: int) -> AsyncIterator[UnitPool]:
+    """A storage loop in a thread of its own with a pool of ``size``
+    connections on it (the settings of the triopg pool); both closed after."""
+    loop = await trio.to_thread.run_sync(LoopThread)
+    try:
+        pool = await loop.run(_create_pool, url, size)
+        try:
+            yield UnitPool(loop, pool)
+        finally:
+            with trio.CancelScope(shield=True):
+                await loop.run(_close_pool, pool)
+    finally:
+        await trio.to_thread.run_sync(loop.close, abandon_on_cancel=False)
+
+
+async def _create_pool(url: str, size: int) -> asyncpg.Pool:
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        url, min_size=1, max_size=size, command_timeout=60, reset=_keep_session
+    )
+    return pool
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    try:
+        await asyncio.wait_for(pool.close(), POOL_CLOSE_SECONDS)
+    except TimeoutError:
+        pool.terminate()
 
 
 async def run_on(
