@@ -100,6 +100,8 @@ class Config:
     mail_host: str = "localhost"
     # How often a verified domain's records are looked up again.
     domain_recheck_seconds: float = 3600.0
+    # How often a sender ID the SMS provider could not be asked about is asked again.
+    sender_id_review_seconds: float = 300.0
     # SMTP connections to TIDINGS_SMTP_URL kept open and used at once, per process.
     smtp_connections: int = 8
     # The bearer secret of POST /providers/smtp/reports; None turns the route off.
@@ -185,6 +187,9 @@ class Config:
             mail_host=_host(env, "TIDINGS_MAIL_HOST", "localhost"),
             domain_recheck_seconds=_float(
                 env, "TIDINGS_DOMAIN_RECHECK_SECONDS", 3600.0, minimum=1
+            ),
+            sender_id_review_seconds=_float(
+                env, "TIDINGS_SENDER_ID_REVIEW_SECONDS", 300.0, minimum=0.1
             ),
             email_retry_schedule=_schedule(
                 env, "TIDINGS_EMAIL_RETRY_SCHEDULE", (30, 120, 600, 1800, 3600, 7200)

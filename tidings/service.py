@@ -20,6 +20,7 @@ from tidings.actors.idempotency import IdempotencyKeys, start_idempotency
 from tidings.actors.retention import start_retention
 from tidings.actors.revocations import RevocationListener
 from tidings.actors.runtime import Runtime, open_runtime
+from tidings.actors.sender_ids import review_sender_ids
 from tidings.actors.sms import SmsSide, start_sms
 from tidings.actors.webhooks import Webhooks, start_webhooks
 from tidings.auth import TokenCache
@@ -85,6 +86,10 @@ def start_actors(
     broadcasts = start_broadcasts(runtime, db, config, emails)
     runtime.singleton("domain-recheck", lambda: recheck_domains(db, config))
     sms = start_sms(runtime, db, config, sms_provider)
+    if not sms_provider.approves_sender_ids_instantly:
+        runtime.singleton(
+            "sender-id-review", lambda: review_sender_ids(db, config, sms_provider)
+        )
     return Actors(
         tokens=tokens, idempotency=idempotency, webhooks=webhooks, emails=emails, sms=sms,
         broadcasts=broadcasts,

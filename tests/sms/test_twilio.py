@@ -34,7 +34,7 @@ def config(database_url: str, double: TwilioDouble) -> Config:
         database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
         shutdown_grace_seconds=2, sms_poll_seconds=0.2, sms_retry_schedule=(0.1, 0.1),
         sms_provider="twilio", twilio_account_sid=ACCOUNT_SID, twilio_auth_token=AUTH_TOKEN,
-        twilio_api_url=double.base, public_url=PUBLIC,
+        twilio_api_url=double.base, public_url=PUBLIC, sender_id_review_seconds=0.2,
     )
 
 
@@ -52,6 +52,32 @@ async def test_sender_ids_are_reviewed_by_the_account(client: httpx.AsyncClient)
         assert created["status"] == status, value
     refused = await client.post("/sms", json={"to": NUMBER, "from": "+14155550199", "body": "x"})
     assert "rejected" in assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+
+
+async def test_a_sender_id_left_pending_by_an_outage_is_decided_when_twilio_answers(
+    client: httpx.AsyncClient, double: TwilioDouble
+) -> None:
+    double.numbers_unavailable = True
+    owned = ok(await client.post(
+        "/sender-ids", json={"value": "+14155550100", "type": "long_code"}), 201)
+    foreign = ok(await client.post("/sender-ids", json={"value": "66666", "type": "short_code"}),
+                 201)
+    assert (owned["status"], foreign["status"]) == ("pending", "pending")
+    refused = await client.post("/sms", json={"to": NUMBER, "from": "+14155550100", "body": "x"})
+    assert "pending" in assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+    await trio.sleep(0.7)  # asked again every 0.2 s meanwhile, and still no answer
+    assert ok(await client.get(f"/sender-ids/{owned['id']}"))["status"] == "pending"
+    assert 2 <= double.lookups.count("+14155550100") <= 6
+    double.numbers_unavailable = False
+    with trio.fail_after(10):
+        while ok(await client.get(f"/sender-ids/{owned['id']}"))["status"] == "pending":
+            await trio.sleep(0.05)
+    assert ok(await client.get(f"/sender-ids/{owned['id']}"))["status"] == "approved"
+    with trio.fail_after(10):
+        while ok(await client.get(f"/sender-ids/{foreign['id']}"))["status"] == "pending":
+            await trio.sleep(0.05)
+    assert ok(await client.get(f"/sender-ids/{foreign['id']}"))["status"] == "rejected"
+    await send(client, **{"from": "+14155550100"})
 
 
 async def sent_through_twilio(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:

@@ -22,12 +22,15 @@ AUTH_TOKEN = "double-auth-token"
 
 @dataclass
 class TwilioDouble:
-    """Messages it took (by sid), numbers and short codes the account owns, and
-    how many of the next sends to answer with 429 (``Retry-After: 1``)."""
+    """Messages it took (by sid), numbers and short codes the account owns,
+    how many of the next sends to answer with 429 (``Retry-After: 1``), and
+    whether the account's numbers and short codes answer 503 (an outage)."""
 
     owned_numbers: set[str] = field(default_factory=set)
     owned_short_codes: set[str] = field(default_factory=set)
     throttle_next: int = 0
+    numbers_unavailable: bool = False
+    lookups: list[str] = field(default_factory=list)
     messages: dict[str, dict[str, Any]] = field(default_factory=dict)
     sends: list[tuple[float, dict[str, str]]] = field(default_factory=list)
     receiver: Receiver | None = None
@@ -54,6 +57,11 @@ class TwilioDouble:
             return self._error(404, 20404, "The requested resource was not found")
         path = parts.path.removeprefix(prefix)
         query = dict(parse_qsl(parts.query))
+        if path in ("/IncomingPhoneNumbers.json", "/SMS/ShortCodes.json"):
+            self.lookups.append(query.get("PhoneNumber") or query.get("ShortCode", ""))
+        if self.numbers_unavailable and path in ("/IncomingPhoneNumbers.json",
+                                                 "/SMS/ShortCodes.json"):
+            return self._error(503, 20503, "Service Unavailable")
         if request.method == "POST" and path == "/Messages.json":
             return self._create(dict(parse_qsl(request.body.decode())))
         if request.method == "GET" and path.startswith("/Messages/"):

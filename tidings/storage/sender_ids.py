@@ -7,6 +7,7 @@ when it is sent).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -37,6 +38,30 @@ DELETE = "DELETE FROM sender_ids WHERE team_id = $1 AND id = $2 RETURNING id"
 # The teams that own an approved sender ID of this value (an inbound reply
 # names the number it was sent to).
 TEAMS_OF_VALUE = "SELECT team_id FROM sender_ids WHERE value = $1 AND status = 'approved'"
+
+# Pending sender IDs of every team not asked about for $1 seconds, oldest
+# first; each is marked asked now, so that another process looking at the
+# same moment takes others (SKIP LOCKED) and none is asked twice at once.
+TAKE_DUE_REVIEWS = f"""
+WITH due AS (
+    SELECT id FROM sender_ids
+    WHERE status = 'pending' AND reviewed_at <= now() - make_interval(secs => $1)
+    ORDER BY reviewed_at LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE sender_ids s SET reviewed_at = now()
+FROM due WHERE s.id = due.id
+RETURNING {", ".join("s." + name for name in COLUMNS.split(", "))}
+"""
+
+# The decisions ($1 ids, $2 statuses) on sender IDs still pending; the ones
+# that changed.
+RECORD_REVIEWS = f"""
+UPDATE sender_ids s SET status = d.status, reviewed_at = now(), updated_at = now()
+FROM unnest($1::uuid[], $2::text[]) AS d(id, status)
+WHERE s.id = d.id AND s.status = 'pending' AND d.status <> 'pending'
+RETURNING {", ".join("s." + name for name in COLUMNS.split(", "))}
+"""
 
 
 @dataclass(frozen=True)
@@ -88,3 +113,21 @@ async def delete_sender_id(conn: Connection, team_id: UUID, sender_id: UUID) -> 
 
 async def teams_of_sender(conn: Connection, value: str) -> list[UUID]:
     return [row["team_id"] for row in await conn.fetch(TEAMS_OF_VALUE, value)]
+
+
+async def take_due_reviews(conn: Connection, interval_seconds: float, limit: int) -> list[SenderId]:
+    """Pending sender IDs, of every team, last asked about more than
+    ``interval_seconds`` ago; marked asked now."""
+    rows = await conn.fetch(TAKE_DUE_REVIEWS, interval_seconds, limit)
+    return [SenderId.from_row(row) for row in rows]
+
+
+async def record_reviews(
+    conn: Connection, decisions: Sequence[tuple[UUID, SenderIdDecision]]
+) -> list[SenderId]:
+    """Store the provider's decisions on pending sender IDs; the ones that
+    changed (a sender ID deleted or decided meanwhile is left out)."""
+    rows = await conn.fetch(
+        RECORD_REVIEWS, [id for id, _ in decisions], [status for _, status in decisions]
+    )
+    return [SenderId.from_row(row) for row in rows]
