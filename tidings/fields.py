@@ -7,11 +7,16 @@ failed message.
 
 from __future__ import annotations
 
-from typing import TypeVar
+import json
+import math
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 NUL_REASON = "must not contain NUL characters (\\u0000)"
+NOT_FINITE_REASON = (
+    "must hold only finite numbers (NaN, Infinity and numbers beyond 1e308 are not JSON)"
+)
 
 
 class FieldError(ValueError):
@@ -36,8 +41,47 @@ def has_nul(value: object) -> bool:
     return False
 
 
+def has_non_finite(value: object) -> bool:
+    """Whether a NaN or an infinity is anywhere in ``value``, however deep:
+    JSON has neither, and PostgreSQL's json types refuse them."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(has_non_finite(item) for item in value)
+    return False
+
+
 def refuse_nul(value: T) -> T:
     """``value``, or ValueError when it holds a NUL character (a validator)."""
     if has_nul(value):
         raise ValueError(NUL_REASON)
     return value
+
+
+def refuse_unstorable(value: T) -> T:
+    """``value``, or ValueError when it holds a NUL character or a number JSON
+    cannot hold (a validator of request bodies)."""
+    if has_nul(value):
+        raise ValueError(NUL_REASON)
+    if has_non_finite(value):
+        raise ValueError(NOT_FINITE_REASON)
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is beyond the range of a JSON number")
+    return number
+
+
+def strict_json(data: str | bytes) -> Any:
+    """``json.loads`` as RFC 8259 has JSON: ValueError for NaN, Infinity and
+    numbers beyond a double (which Python's json would take)."""
+    return json.loads(data, parse_constant=_no_constant, parse_float=_finite)

@@ -21,6 +21,7 @@ from uuid import UUID
 
 import httpx
 
+from tidings.fields import strict_json
 from tidings.http.contact_import import MAX_LISTED_REJECTIONS, MAX_ROWS
 
 __all__ = ["MAX_ROWS", "ImportFailed", "import_file"]
@@ -112,7 +113,7 @@ def _csv_batches(data: bytes, batch_size: int) -> tuple[int, Iterator[tuple[int,
 
 def _json_batches(data: bytes, batch_size: int) -> tuple[int, Iterator[tuple[int, bytes]]]:
     try:
-        rows = json.loads(data)
+        rows = strict_json(data)
     except ValueError as error:
         raise ImportFailed(f"the file is not valid JSON: {error}") from None
     if not isinstance(rows, list):

@@ -68,7 +68,10 @@ async def test_checks_of_what_a_broadcast_refers_to(
     )
     assert "topic_id" in assert_error(topic, 404, "NOT_FOUND")
     unknown = await client.post("/broadcasts", json=draft(audience, html="<p>{{{nope}}}</p>"))
-    assert "{{{nope}}}" in assert_error(unknown, 422, "UNPROCESSABLE_ENTITY")
+    assert assert_error(unknown, 422, "UNPROCESSABLE_ENTITY").startswith("html: ")
+    in_subject = await client.post("/broadcasts", json=draft(audience, subject="Hi {{{zzz}}}"))
+    message = assert_error(in_subject, 422, "UNPROCESSABLE_ENTITY")
+    assert message.startswith("subject: ") and "{{{zzz}}}" in message
     body = draft(audience)
     del body["html"]
     assert "html" in assert_error(await client.post("/broadcasts", json=body), 400, "BAD_REQUEST")
@@ -103,3 +106,31 @@ async def test_another_teams_broadcast_is_not_found(
         assert_error(await c.post(f"{path}/send"), 404, "NOT_FOUND")
         assert_error(await c.post(f"{path}/cancel"), 404, "NOT_FOUND")
         assert ok(await c.get("/broadcasts"))["data"] == []
+
+
+async def test_header_fields_refuse_line_breaks(
+    client: httpx.AsyncClient, audience: Audience
+) -> None:
+    """from_name and subject become the From and Subject headers: a line
+    break in either would write headers of the sender's choosing."""
+    for field, value in (("from_name", "Evil\r\nBcc: victim@x.example"), ("from_name", "A\rB"),
+                         ("from_name", "Tab\tName"), ("subject", "s\r\nX-Inj: 1"),
+                         ("subject", "two\nlines")):
+        created = await client.post("/broadcasts", json=draft(audience, **{field: value}))
+        assert assert_error(created, 400, "BAD_REQUEST").startswith(f"invalid body: {field}")
+    b = ok(await client.post("/broadcasts", json=draft(audience)), 201)
+    patched = await client.patch(f"/broadcasts/{b['id']}", json={"from_name": "X\nBcc: y@z.io"})
+    assert "from_name" in assert_error(patched, 400, "BAD_REQUEST")
+    assert ok(await client.get(f"/broadcasts/{b['id']}"))["revision"] == 1
+
+
+async def test_numbers_json_cannot_hold_are_400(
+    client: httpx.AsyncClient, audience: Audience
+) -> None:
+    b = ok(await client.post("/broadcasts", json=draft(audience)), 201)
+    for number in ("NaN", "Infinity", "-Infinity", "1e400"):
+        raw = '{"variable_bindings": {"v": ' + number + "}}"
+        response = await client.patch(
+            f"/broadcasts/{b['id']}", content=raw, headers={"Content-Type": "application/json"}
+        )
+        assert "variable_bindings" in assert_error(response, 400, "BAD_REQUEST"), number

@@ -40,6 +40,18 @@ def rejections(report: dict[str, Any]) -> dict[int, str]:
     return {r["row"]: r["reason"] for r in report["rejected"]}
 
 
+async def test_a_json_import_with_a_number_json_cannot_hold_is_400(
+    client: httpx.AsyncClient
+) -> None:
+    await define(client, key="seats", type="number")
+    for number in ("NaN", "Infinity", "1e400"):
+        raw = '[{"email": "n@example.com", "properties": {"seats": ' + number + "}}]"
+        response = await client.post("/contacts/import", content=raw,
+                                     headers={"Content-Type": "application/json"})
+        assert "not valid JSON" in assert_error(response, 400, "BAD_REQUEST"), number
+    assert ok(await client.get("/contacts"))["data"] == []
+
+
 async def test_json_import_creates_then_updates(client: httpx.AsyncClient) -> None:
     await define(client, key="plan", type="string")
     await define(client, key="seats", type="number")

@@ -168,3 +168,13 @@ async def test_the_daily_quota_is_402_and_counts_nothing_refused(
     over = await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"})
     assert_error(over, 402, "PAYMENT_REQUIRED")
     assert len(ok(await sms_client.get("/sms"))) == 5
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+async def test_metadata_with_a_number_json_cannot_hold_is_400(
+    sms_client: httpx.AsyncClient, number: str
+) -> None:
+    raw = f'{{"to": "{NUMBER}", "from": "Acme", "body": "x", "metadata": {{"a": [1, {number}]}}}}'
+    response = await sms_client.post("/sms", content=raw,
+                                     headers={"Content-Type": "application/json"})
+    assert "metadata" in assert_error(response, 400, "BAD_REQUEST")

@@ -20,6 +20,7 @@ from tidings.http.envelope import conflict, not_found, unprocessable
 from tidings.http.models import ListQuery, RequestBody, Resource
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
+from tidings.rendering import placeholders
 from tidings.storage import broadcasts as store
 from tidings.storage import contact_properties as properties
 from tidings.storage.broadcasts import Content, StaleRevision, WrongState
@@ -42,6 +43,17 @@ EDITABLE = (
 REQUIRED = ("name", "segment_id", "from_email", "subject", "html")
 
 
+def _one_line(body: RequestBody) -> None:
+    """The fields that become message headers hold no line breaks (nor, for
+    the sender's name, any control character)."""
+    name: str | None = getattr(body, "from_name", None)
+    if name is not None and any(ord(c) < 32 or c == "\x7f" for c in name):
+        raise ValueError("from_name: control characters (line breaks among them) are not allowed")
+    subject: str | None = getattr(body, "subject", None)
+    if subject is not None and ("\r" in subject or "\n" in subject):
+        raise ValueError("subject: must not contain line breaks")
+
+
 class CreateBroadcast(RequestBody):
     name: str = Field(min_length=1, max_length=200)
     segment_id: UUID = Field(description="The audience: a segment of the team")
@@ -54,6 +66,11 @@ class CreateBroadcast(RequestBody):
     html: str = Field(min_length=1)
     text: str | None = None
     variable_bindings: dict[str, Binding] = Field(default_factory=dict, description=BINDINGS)
+
+    @model_validator(mode="after")
+    def headers_safe(self) -> Self:
+        _one_line(self)
+        return self
 
 
 class UpdateBroadcast(RequestBody):
@@ -79,6 +96,7 @@ class UpdateBroadcast(RequestBody):
         for name in (*REQUIRED, "variable_bindings"):
             if name in self.model_fields_set and getattr(self, name) is None:
                 raise ValueError(f"{name}: must not be null")
+        _one_line(self)
         return self
 
 
@@ -166,9 +184,12 @@ async def _checked(call: Call, content: Content) -> Content:
         unknown = unknown_keys(keys, content.variable_bindings, defined)
         if unknown:
             shown = ", ".join("{{{" + key + "}}}" for key in unknown)
+            fields = [name for name, value in (("subject", content.subject),
+                                               ("html", content.html), ("text", content.text))
+                      if set(placeholders(value or "")) & set(unknown)]
             raise unprocessable(
-                f"html: placeholders that are neither contact fields, contact properties, "
-                f"unsubscribe_url nor keys of variable_bindings: {shown}"
+                f"{', '.join(fields)}: placeholders that are neither contact fields, contact "
+                f"properties, unsubscribe_url nor keys of variable_bindings: {shown}"
             )
     return Content(**{**content.__dict__, "from_email": from_email, "reply_to_email": reply_to})
 

@@ -10,17 +10,17 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
-from tidings.fields import refuse_nul
+from tidings.fields import refuse_unstorable
 from tidings.http.paging import Paging
 
 
 class RequestBody(BaseModel):
     """Strict JSON: no unknown fields, no type coercion, no NUL characters
-    (PostgreSQL text cannot hold them)."""
+    (PostgreSQL text cannot hold them), no NaN or infinities (JSON has none)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    no_nul = field_validator("*", mode="after")(refuse_nul)
+    storable = field_validator("*", mode="after")(refuse_unstorable)
 
 
 class ListQuery(Paging):
