@@ -3,6 +3,7 @@ posted raw, become ``bounced``/``complained`` events and suppressions."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -56,6 +57,10 @@ def report(name: str, message_id: str) -> bytes:
     return (REPORTS / name).read_bytes().replace(b"<MESSAGE_ID>", message_id.encode())
 
 
+def _tomorrow() -> str:
+    return (datetime.now(UTC) + timedelta(days=1)).isoformat()
+
+
 async def suppressions(client: httpx.AsyncClient) -> dict[str, str]:
     listed = ok(await client.get("/suppressions"))["data"]
     return {s["address"]: s["reason"] for s in listed}
@@ -104,3 +109,69 @@ async def test_unknown_message_and_refusals(
         await post_report(http, b"From: a@b.example\n\nhello\n"), 422, "UNPROCESSABLE_ENTITY"
     )
     assert "multipart/report" in message
+
+
+async def test_a_report_only_speaks_for_recipients_the_email_was_sent_to(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    """A report names the address it is about; one the email never went to
+    (a forged report, or a typo) changes nothing and suppresses no one."""
+    email_id, message_id = await delivered_email(client, service, "ada@example.org")
+    forged = report("postfix_bounce.eml", message_id).replace(
+        b"Final-Recipient: rfc822; gone@example.org",
+        b"Final-Recipient: rfc822; victim@else.example",
+    )
+    answer = ok(await post_report(http, forged))
+    assert answer["recorded"] == 0
+    assert [r["recorded"] for r in answer["reports"]] == [False, False]
+    assert ok(await client.get(f"/emails/{email_id}"))["status"] == "delivered"
+    assert await suppressions(client) == {}
+    # The address as sent, whatever its case in the report.
+    shouted = report("abuse_report.eml", message_id).replace(b"ada@example.org", b"ADA@Example.ORG")
+    assert ok(await post_report(http, shouted))["recorded"] == 1
+    assert await suppressions(client) == {"ada@example.org": "complaint"}
+
+
+async def test_a_report_about_an_email_not_sent_records_nothing(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    later = ok(await client.post("/emails", json={
+        "from": SENDER, "to": "gone@example.org", "subject": "Soon", "html": "x",
+        "scheduled_at": _tomorrow(),
+    }), 202)
+    async with service.db.acquire() as conn:
+        message_id = await conn.fetchval(
+            "SELECT smtp_message_id FROM emails WHERE id = $1", UUID(later["id"])
+        )
+    answer = ok(await post_report(http, report("postfix_bounce.eml", message_id)))
+    assert answer["recorded"] == 0
+    assert ok(await client.get(f"/emails/{later['id']}"))["status"] == "scheduled"
+    assert await suppressions(client) == {}
+    assert ok(await client.post(f"/emails/{later['id']}/cancel"))["status"] == "canceled"
+    assert ok(await post_report(http, report("abuse_report.eml", message_id)))["recorded"] == 0
+    assert ok(await client.get(f"/emails/{later['id']}"))["status"] == "canceled"
+
+
+async def test_nul_and_8bit_fields_in_a_report_are_answered_not_500(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    email_id, message_id = await delivered_email(
+        client, service, "gone@example.org", "slow@example.org"
+    )
+    raw = report("postfix_bounce.eml", message_id)
+    mangled = raw.replace(b"Status: 5.1.1", b"Status: 5.1.1\x00").replace(
+        b"Diagnostic-Code: smtp; 550", b"Diagnostic-Code: smtp; 550 bad\x00nul"
+    ).replace(b"Final-Recipient: rfc822; slow@example.org",
+              b"Final-Recipient: rfc822; sl\x00ow@example.org")
+    answer = ok(await post_report(http, mangled))
+    assert [(r["recipient"], r["recorded"]) for r in answer["reports"]] == [
+        ("gone@example.org", True)
+    ]
+    assert answer["reports"][0]["code"] == "5.1.1"
+    assert "\x00" not in answer["reports"][0]["message"]
+    international = raw.replace(b"rfc822; gone@example.org", "rfc822; gön@example.org".encode())
+    answer = ok(await post_report(http, international))
+    assert answer["reports"][0]["recipient"] == "gön@example.org"
+    assert answer["reports"][0]["recorded"] is False
+    assert await suppressions(client) == {"gone@example.org": "hard_bounce"}
+    assert [e["type"] for e in await events(client, email_id)].count("bounced") == 1

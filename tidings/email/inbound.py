@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidings.email.reports import Report, parse_report
-from tidings.storage.emails_sending import Outcome, email_by_smtp_message_id, record_outcomes
+from tidings.storage.emails_sending import Outcome, SentEmail, record_outcomes, sent_email
 
 PROVIDER = "smtp"
 
@@ -25,20 +25,23 @@ class Handled:
 
 async def record_report(conn: Any, raw: bytes) -> list[Handled]:
     """Parse ``raw`` (raises NotAReport) and record what it says about emails
-    Tidings sent. Reports about messages Tidings does not know are returned
-    with ``recorded`` False. Run it inside a transaction."""
+    Tidings sent, for recipients they were sent to. Anything else (a message
+    Tidings does not know, one not sent yet or never, an address it was not
+    sent to) is returned with ``recorded`` False: a report cannot suppress an
+    address or move an email that no send reached. Run it inside a transaction."""
     reports = parse_report(raw)
-    emails = {}
+    emails: dict[str, SentEmail | None] = {}
     for message_id in {r.original_message_id for r in reports if r.original_message_id}:
-        emails[message_id] = await email_by_smtp_message_id(conn, message_id)
+        emails[message_id] = await sent_email(conn, message_id)
     outcomes, handled = [], []
     for report in reports:
-        email_id = emails.get(report.original_message_id or "")
-        if email_id is not None:
+        email = emails.get(report.original_message_id or "")
+        recipient = None if email is None else email.sent_to.get(report.recipient.lower())
+        if email is not None and recipient is not None:
             outcomes.append(Outcome(
-                email_id, report.recipient, report.outcome, PROVIDER,
+                email.id, recipient, report.outcome, PROVIDER,
                 code=report.code, message=report.message,
             ))
-        handled.append(Handled(report, email_id is not None))
+        handled.append(Handled(report, recipient is not None))
     await record_outcomes(conn, outcomes)
     return handled

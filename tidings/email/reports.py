@@ -14,6 +14,7 @@ from __future__ import annotations
 import email
 import email.policy
 from dataclasses import dataclass
+from email.header import Header, decode_header
 from email.message import Message
 from email.parser import HeaderParser
 from email.utils import getaddresses
@@ -48,20 +49,39 @@ class Report:
     message: str | None
 
 
-def _address(field: str | None) -> str | None:
-    """The address of a ``type; address`` field (``rfc822; ada@example.org``)."""
-    if not field:
+def _field(value: object) -> str | None:
+    """A header field's value as text. The parser gives a field with raw
+    8-bit bytes (an internationalised address, RFC 6533) as a ``Header``:
+    its bytes are read as UTF-8."""
+    if value is None:
         return None
-    _, _, value = field.partition(";")
-    addresses = getaddresses([(value or field).strip()])
+    if not isinstance(value, Header):
+        return str(value)
+    return "".join(
+        part.decode("utf-8" if charset in (None, "unknown-8bit") else charset, "replace")
+        if isinstance(part, bytes) else part
+        for part, charset in decode_header(value)
+    )
+
+
+def _address(value: object) -> str | None:
+    """The address of a ``type; address`` field (``rfc822; ada@example.org``);
+    None for one that holds a NUL (no address does, and storage cannot)."""
+    field = _field(value)
+    if not field or "\x00" in field:
+        return None
+    _, _, rest = field.partition(";")
+    addresses = getaddresses([(rest or field).strip()])
     address = addresses[0][1] if addresses else ""
     return address.strip().strip("<>") or None
 
 
 def _text(value: object) -> str | None:
-    if value is None:
+    """A field as one line of text, without NUL characters (storage cannot hold them)."""
+    field = _field(value)
+    if field is None:
         return None
-    return " ".join(str(value).split()) or None
+    return " ".join(field.replace("\x00", " ").split()) or None
 
 
 def _parts(message: Message) -> list[Message]:
@@ -107,7 +127,9 @@ def _machine_part(report: Message, kind: str) -> list[Message]:
 def _message_id(headers: Message | None) -> str | None:
     if headers is None:
         return None
-    value = headers.get("Message-ID")
+    value = _field(headers.get("Message-ID"))
+    if value is None or "\x00" in value:
+        return None
     return _text(value)
 
 
@@ -121,7 +143,7 @@ def _dsn(report: Message) -> list[Report]:
         recipient = _address(block.get("Final-Recipient")) or _address(
             block.get("Original-Recipient")
         )
-        action = (block.get("Action") or "").strip().lower()
+        action = (_field(block.get("Action")) or "").strip().lower()
         outcome = ACTIONS.get(action)
         if recipient is None or outcome is None:
             continue
@@ -143,8 +165,9 @@ def _arf(report: Message) -> list[Report]:
     headers = _original_headers(report)
     recipients = [a for a in (_address(v) for v in fields.get_all("Original-Rcpt-To") or []) if a]
     if not recipients and headers is not None:
-        recipients = [address for _, address in getaddresses(headers.get_all("To") or [])
-                      if address]
+        recipients = [address for _, address in getaddresses(
+                          [_field(v) or "" for v in headers.get_all("To") or []])
+                      if address and "\x00" not in address]
     feedback = _text(fields.get("Feedback-Type")) or "abuse"
     summary = _text(fields.get("User-Agent"))
     return [

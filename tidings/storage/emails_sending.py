@@ -105,7 +105,14 @@ FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS r(id, status, at)
 WHERE t.id = r.id AND t.status_at <= r.at
 """
 
-BY_SMTP_MESSAGE_ID = "SELECT id FROM emails WHERE smtp_message_id = $1"
+# The email sent with a Message-ID, and the recipients it was handed over
+# for (a `sent` event each): the only ones a later report can be about.
+SENT_BY_SMTP_MESSAGE_ID = """
+SELECT e.id, array_remove(array_agg(ev.recipient), NULL) AS recipients
+FROM emails e LEFT JOIN email_events ev ON ev.email_id = e.id AND ev.type = 'sent'
+WHERE e.smtp_message_id = $1
+GROUP BY e.id
+"""
 
 
 @dataclass(frozen=True)
@@ -312,10 +319,21 @@ async def record_outcome(
     return await record_outcomes(conn, [outcome]) == 1
 
 
-async def email_by_smtp_message_id(conn: Connection, message_id: str) -> UUID | None:
+@dataclass(frozen=True)
+class SentEmail:
+    """An email as a later report sees it: the recipients it was sent to, by
+    their address in lower case."""
+
+    id: UUID
+    sent_to: dict[str, str]
+
+
+async def sent_email(conn: Connection, message_id: str) -> SentEmail | None:
     """The email sent with this ``Message-ID`` (``<...@domain>``), if any."""
-    found = await conn.fetchval(BY_SMTP_MESSAGE_ID, message_id.strip())
-    return found if isinstance(found, UUID) else None
+    row = await conn.fetchrow(SENT_BY_SMTP_MESSAGE_ID, message_id.strip())
+    if row is None:
+        return None
+    return SentEmail(row["id"], {address.lower(): address for address in row["recipients"]})
 
 
 async def record_due_followups(conn: Connection, limit: int) -> tuple[int, float | None]:
