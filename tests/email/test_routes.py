@@ -122,6 +122,9 @@ async def test_list_refuses_bad_filters(client: httpx.AsyncClient) -> None:
         {"limit": "ten"},
         {"offset": -1},
         {"start_date": "yesterday"},
+        {"start_date": "1700000000"},
+        {"start_date": "0001-01-01T00:00:00+14:00"},
+        {"end_date": "9999-12-31T23:59:59-12:00"},
         {"start_date": "2024-01-02T00:00:00Z", "end_date": "2024-01-01T00:00:00Z"},
     ):
         assert_error(await client.get("/emails", params=params), 400, "BAD_REQUEST")

@@ -114,10 +114,18 @@ async def test_dates_are_inclusive_and_take_offsets(four: httpx.AsyncClient) -> 
         {"start_date": "yesterday"},
         {"end_date": "2024-03-10T14:00:00"},
         {"start_date": "2024-13-10T14:00:00Z"},
+        # A Unix time or a bare date is not RFC 3339.
+        {"start_date": "1700000000"},
+        {"end_date": "1700000000"},
+        {"start_date": "2024-03-10"},
+        # Moments a datetime cannot hold once their offset is applied.
+        {"start_date": "0001-01-01T00:00:00+14:00"},
+        {"end_date": "9999-12-31T23:59:59-12:00"},
     ],
 )
 async def test_bad_dates_are_400(four: httpx.AsyncClient, params: dict[str, str]) -> None:
-    assert_error(await four.get("/sms", params=params), 400, "BAD_REQUEST")
+    message = assert_error(await four.get("/sms", params=params), 400, "BAD_REQUEST")
+    assert next(iter(params)) in message
 
 
 @pytest.mark.parametrize(

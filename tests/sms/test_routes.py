@@ -178,3 +178,12 @@ async def test_metadata_with_a_number_json_cannot_hold_is_400(
     response = await sms_client.post("/sms", content=raw,
                                      headers={"Content-Type": "application/json"})
     assert "metadata" in assert_error(response, 400, "BAD_REQUEST")
+
+
+@pytest.mark.parametrize("moment", ["1700000000", "2026-11-23", "9999-12-31T23:59:59-12:00"])
+async def test_scheduled_at_must_be_an_rfc_3339_date_time(
+    sms_client: httpx.AsyncClient, moment: str
+) -> None:
+    response = await sms_client.post("/sms", json={
+        "to": NUMBER, "from": "Acme", "body": "x", "scheduled_at": moment})
+    assert "scheduled_at" in assert_error(response, 400, "BAD_REQUEST")

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, model_validator
 from tidings.addresses import MAX_ADDRESS_LENGTH, parse_address
 from tidings.fields import FieldError
 from tidings.http.envelope import conflict, not_found, unprocessable
-from tidings.http.models import ListQuery, RequestBody, Resource
+from tidings.http.models import ListQuery, Moment, RequestBody, Resource
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.rendering import placeholders
@@ -101,7 +101,7 @@ class UpdateBroadcast(RequestBody):
 
 
 class SendBroadcast(RequestBody):
-    scheduled_at: datetime | None = Field(
+    scheduled_at: Moment | None = Field(
         None, description="RFC 3339 with a time zone, in the future; absent: send now"
     )
 

@@ -26,7 +26,7 @@ from tidings.http.emails_input import (
     template_ref,
 )
 from tidings.http.envelope import ApiError, bad_request, conflict, not_found, unprocessable
-from tidings.http.models import ListQuery, RequestBody
+from tidings.http.models import ListQuery, Moment, RequestBody
 from tidings.http.paging import MAX_LIMIT, QueryInt
 from tidings.http.routing import Call, Routes
 from tidings.rendering import RenderError, render
@@ -106,8 +106,8 @@ class EmailQuery(ListQuery):
     to: str | None = Field(
         None, min_length=1, max_length=320, description="A recipient in `to`; case-insensitive"
     )
-    start_date: datetime | None = Field(None, description="Created at or after (RFC 3339)")
-    end_date: datetime | None = Field(None, description="Created at or before (RFC 3339)")
+    start_date: Moment | None = Field(None, description="Created at or after (RFC 3339)")
+    end_date: Moment | None = Field(None, description="Created at or before (RFC 3339)")
 
 
 class EventQuery(BaseModel):
@@ -138,7 +138,7 @@ class EmailEventList(BaseModel):
 
 
 class Reschedule(RequestBody):
-    scheduled_at: datetime = Field(description="RFC 3339; in the future, at most 30 days ahead")
+    scheduled_at: Moment = Field(description="RFC 3339; in the future, at most 30 days ahead")
 
 
 def _prefixed(index: int | None, message: str) -> str:

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from tidings.addresses import normalize_address, parse_mailbox
 from tidings.fields import FieldError
-from tidings.http.models import RequestBody
+from tidings.http.models import Moment, RequestBody
 from tidings.storage.templates import TemplateRef
 
 MAX_RECIPIENTS = 50
@@ -80,7 +80,7 @@ class SendEmail(RequestBody):
     text: str | None = Field(None, min_length=1)
     headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
-    scheduled_at: datetime | None = Field(
+    scheduled_at: Moment | None = Field(
         None, description="RFC 3339 with a time zone; in the future, at most 30 days ahead"
     )
     template: TemplateUse | None = None

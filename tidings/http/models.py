@@ -5,10 +5,12 @@ list responses and of responses outside the envelope."""
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, create_model, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, create_model, field_validator
 
 from tidings.fields import refuse_unstorable
 from tidings.http.paging import Paging
@@ -21,6 +23,46 @@ class RequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     storable = field_validator("*", mode="after")(refuse_unstorable)
+
+
+# RFC 3339's date-time; the offset is checked by each route, which names it.
+_DATE_TIME = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})?"
+)
+# "+02:00" arrives as " 02:00" in a query string whose "+" was not percent-encoded.
+_SPACED_OFFSET = re.compile(r"^(\S+T\S+) (\d{2}:?\d{2})$")
+
+
+def moment(value: Any) -> datetime:
+    """An RFC 3339 date-time (a ``datetime`` as it is), or ValueError: no
+    Unix times, no bare dates, nothing outside the years 1 to 9999 once
+    its offset is applied."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 date-time string, e.g. 2026-11-23T10:00:00Z")
+    found = _DATE_TIME.fullmatch(_SPACED_OFFSET.sub(r"\1+\2", value.strip()))
+    if found is None:
+        raise ValueError(
+            f"{value!r} is not an RFC 3339 date-time (e.g. 2026-11-23T10:00:00Z or "
+            "2026-11-23T12:00:00+02:00)"
+        )
+    day, time, fraction, offset = found.groups()
+    zone = "+00:00" if offset in ("Z", "z") else offset or ""
+    text = f"{day}T{time}.{(fraction or '0')[:6]:0<6}{zone}"
+    try:
+        parsed = datetime.fromisoformat(text)
+        if parsed.tzinfo is not None:
+            parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range: the moment falls outside years 1 to 9999") from None
+    except ValueError:
+        raise ValueError(f"{value!r} is not a valid date and time") from None
+    return parsed
+
+
+# A moment given by a client, in a body or a query (see ``moment``).
+Moment = Annotated[datetime, BeforeValidator(moment)]
 
 
 class ListQuery(Paging):

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from tidings.fields import FieldError
 from tidings.http.emails_input import InputError, check_schedule
 from tidings.http.envelope import ApiError, bad_request, conflict, not_found, unprocessable
-from tidings.http.models import RequestBody
+from tidings.http.models import Moment, RequestBody
 from tidings.http.routing import Call, Routes
 from tidings.http.sms_models import SmsOut
 from tidings.phones import parse_phone
@@ -41,7 +41,7 @@ class SendSms(RequestBody):
         description="An approved sender ID of the team (its value)",
     )
     body: str = Field(min_length=1, max_length=MAX_BODY)
-    scheduled_at: datetime | None = Field(
+    scheduled_at: Moment | None = Field(
         None, description="RFC 3339; in the future, at most 30 days ahead"
     )
     metadata: dict[str, Any] | None = Field(
@@ -58,7 +58,7 @@ class Preview(BaseModel):
 
 
 class Reschedule(RequestBody):
-    scheduled_at: datetime = Field(description="RFC 3339; in the future, at most 30 days ahead")
+    scheduled_at: Moment = Field(description="RFC 3339; in the future, at most 30 days ahead")
 
 
 def sender_spellings(value: str) -> list[str]:

@@ -11,14 +11,12 @@ recipient, sender, body and provider message id. Newest first.
 
 from __future__ import annotations
 
-import re
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BeforeValidator, Field, RootModel
+from pydantic import Field, RootModel
 
 from tidings.http.envelope import bad_request
-from tidings.http.models import ListQuery
+from tidings.http.models import ListQuery, Moment
 from tidings.http.routing import Call, Routes
 from tidings.http.sms_models import SmsOut
 from tidings.providers.sms import SmsStatus
@@ -26,27 +24,13 @@ from tidings.storage import sms_list as store
 
 routes = Routes("SMS")
 
-# "+02:00" arrives as " 02:00" when a client does not percent-encode the "+".
-_SPACED_OFFSET = re.compile(r"^(\S+T\S+) (\d{2}:?\d{2})$")
-
-
-def plus_offset(value: Any) -> Any:
-    """Read an unencoded ``+`` offset (decoded to a space) as the ``+`` it was."""
-    if isinstance(value, str):
-        return _SPACED_OFFSET.sub(r"\1+\2", value.strip())
-    return value
-
-
-Timestamp = Annotated[datetime, BeforeValidator(plus_offset)]
-
-
 class SmsQuery(ListQuery):
     status: SmsStatus | None = Field(None, description="Exact, on the normalized status")
     sender: str | None = Field(None, min_length=1, max_length=32, description="Exact, on `from`")
-    start_date: Timestamp | None = Field(
+    start_date: Moment | None = Field(
         None, description="Created at or after (RFC 3339 with an offset)"
     )
-    end_date: Timestamp | None = Field(
+    end_date: Moment | None = Field(
         None, description="Created at or before (RFC 3339 with an offset)"
     )
     search: str | None = Field(
