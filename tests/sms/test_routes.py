@@ -90,6 +90,9 @@ async def test_reschedule_and_cancel_only_while_scheduled(sms_client: httpx.Asyn
     assert_error(past, 422, "UNPROCESSABLE_ENTITY")
     canceled = ok(await sms_client.post(f"/sms/{sms['id']}/cancel"))
     assert canceled["last_event"] == "canceled"
+    assert canceled["failure"] == {
+        "code": "canceled", "message": "canceled by the team before it was sent"
+    }
     assert_error(await sms_client.post(f"/sms/{sms['id']}/cancel"), 409, "CONFLICT")
     again = await sms_client.patch(f"/sms/{sms['id']}", json={"scheduled_at": later(hours=3)})
     assert_error(again, 409, "CONFLICT")

@@ -131,6 +131,11 @@ async def test_stop_without_a_contact_is_a_phone_suppression(
         assert answer.status_code == 200
         refused = await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"})
         assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+    # A number given without its "+" is the same sender ID.
+    await inbound(http, From=NUMBER, To="+14155550100", Body="START", MessageSid="SM0")
+    await inbound(http, From=NUMBER, To="14155550100", Body="STOP", MessageSid="SM5")
+    refused = await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"})
+    assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
     # A sentence is not a keyword.
     await inbound(http, From=NUMBER, To="+14155550100", Body="please stop it", MessageSid="SM2")
     assert_error(await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"}),

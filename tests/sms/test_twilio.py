@@ -134,7 +134,24 @@ async def test_a_failure_callback_records_the_code(
                    ErrorCode="30003")
     found = ok(await client.get(f"/sms/{sms['id']}"))
     assert found["last_event"] == "undelivered"
-    assert found["failure"] == {"code": "30003", "message": None}
+    # The callback carries only the code: the message is Twilio's word for it.
+    assert found["failure"] == {"code": "30003", "message": "Unreachable destination handset"}
+    other = await settled(client, (await send(client, **{"from": "+14155550100"}))["id"],
+                          "submitted")
+    await callback(http, MessageSid=other["message_id"], MessageStatus="failed",
+                   ErrorCode="21999", ErrorMessage="Something Twilio said")
+    assert ok(await client.get(f"/sms/{other['id']}"))["failure"] == {
+        "code": "21999", "message": "Something Twilio said"
+    }
+
+
+async def test_a_signed_callback_with_a_nul_is_400(
+    client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    answer = await callback(http, MessageSid="SM\x00", MessageStatus="delivered")
+    assert "MessageSid" in assert_error(answer, 400, "BAD_REQUEST")
+    answer = await callback(http, MessageSid="SM1", MessageStatus="delivered\x00")
+    assert "MessageStatus" in assert_error(answer, 400, "BAD_REQUEST")
 
 
 async def test_sync_fetches_the_message(client: httpx.AsyncClient, double: TwilioDouble) -> None:

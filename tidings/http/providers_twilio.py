@@ -19,13 +19,14 @@ from xml.sax.saxutils import escape
 
 from quart import Response, request
 
-from tidings.fields import FieldError
-from tidings.http.envelope import ApiError, json_response, success_body
+from tidings.fields import NUL_REASON, FieldError, has_nul
+from tidings.http.envelope import ApiError, bad_request, json_response, success_body
 from tidings.http.models import RawContent
 from tidings.http.parsing import read_body
 from tidings.http.routing import Routes
+from tidings.http.sms import sender_spellings
 from tidings.phones import parse_phone
-from tidings.providers.twilio import NAME, tidings_status, valid_signature
+from tidings.providers.twilio import NAME, error_message, tidings_status, valid_signature
 from tidings.service import Service
 from tidings.sms_keywords import help_text, keyword_action
 from tidings.storage import sender_ids, sms_consent
@@ -48,6 +49,9 @@ async def signed_form(service: Service) -> dict[str, str]:
     given = request.headers.get("X-Twilio-Signature", "")
     if token is None or not given or not valid_signature(token, url, params, given):
         raise ApiError(403, "FORBIDDEN", "X-Twilio-Signature is missing or does not match")
+    for name, value in params:
+        if has_nul(name) or has_nul(value):
+            raise bad_request(f"invalid form: {name.replace(chr(0), '')}: {NUL_REASON}")
     return dict(params)
 
 
@@ -68,8 +72,9 @@ async def twilio_status(service: Service) -> Response:
     recorded = 0
     found = await service.db.run(sms_store.sms_by_provider_id, sid) if sid else None
     if found is not None:
+        code = form.get("ErrorCode") or None
         report = sms_store.Report(
-            found, status, NAME, form.get("ErrorCode") or None, form.get("ErrorMessage") or None
+            found, status, NAME, code, error_message(code, form.get("ErrorMessage") or None)
         )
         recorded = len(await service.db.run(sms_store.record_reports, [report]))
     return json_response(200, success_body({"recorded": recorded}))
@@ -88,7 +93,8 @@ async def twilio_inbound(service: Service) -> Response:
         return twiml()  # not a phone number (a short code, a channel address): nothing to do
     if action is None:
         return twiml()
-    teams = await service.db.run(sender_ids.teams_of_sender, form.get("To", "").strip())
+    # Twilio gives E.164; a number without its "+" is the same sender ID.
+    teams = await service.db.run(sender_ids.teams_of_sender, sender_spellings(form.get("To", "")))
     if action == "opt_out":
         await service.db.run(sms_consent.opt_out, teams, phone, None)
     elif action == "opt_in":

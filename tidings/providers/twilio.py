@@ -67,6 +67,32 @@ STATUSES: dict[str, SmsStatus] = {
 }
 
 
+# What Twilio's error dictionary says of the codes a message's delivery ends
+# with; a status callback carries only the code.
+ERRORS = {
+    "30001": "Queue overflow",
+    "30002": "Account suspended",
+    "30003": "Unreachable destination handset",
+    "30004": "Message blocked",
+    "30005": "Unknown destination handset",
+    "30006": "Landline or unreachable carrier",
+    "30007": "Message filtered by the carrier",
+    "30008": "Unknown error",
+    "30009": "Missing segment",
+    "30010": "Message price exceeds max price",
+}
+
+
+def error_message(code: str | None, given: str | None) -> str | None:
+    """The message of a failure: Twilio's own words when it gave them, else
+    its error dictionary's for ``code``, else the code itself."""
+    if given:
+        return given
+    if not code:
+        return None
+    return ERRORS.get(code, f"Twilio error {code}")
+
+
 class TwilioUnavailable(Exception):
     """Twilio did not answer a question (sync, review) usefully: try later."""
 
@@ -151,7 +177,8 @@ class TwilioSms:
     def _update(self, message: dict[str, Any]) -> SmsUpdate:
         return SmsUpdate(
             tidings_status(_text(message.get("status"))), NOW,
-            _text(message.get("error_code")), _text(message.get("error_message")),
+            _text(message.get("error_code")),
+            error_message(_text(message.get("error_code")), _text(message.get("error_message"))),
         )
 
     async def fetch(self, provider_message_id: str) -> SmsUpdate | None:

@@ -37,7 +37,9 @@ DELETE = "DELETE FROM sender_ids WHERE team_id = $1 AND id = $2 RETURNING id"
 
 # The teams that own an approved sender ID of this value (an inbound reply
 # names the number it was sent to).
-TEAMS_OF_VALUE = "SELECT team_id FROM sender_ids WHERE value = $1 AND status = 'approved'"
+TEAMS_OF_VALUE = """
+SELECT DISTINCT team_id FROM sender_ids WHERE value = ANY($1::text[]) AND status = 'approved'
+"""
 
 # Pending sender IDs of every team not asked about for $1 seconds, oldest
 # first; each is marked asked now, so that another process looking at the
@@ -111,8 +113,9 @@ async def delete_sender_id(conn: Connection, team_id: UUID, sender_id: UUID) -> 
     return await conn.fetchval(DELETE, team_id, sender_id) is not None
 
 
-async def teams_of_sender(conn: Connection, value: str) -> list[UUID]:
-    return [row["team_id"] for row in await conn.fetch(TEAMS_OF_VALUE, value)]
+async def teams_of_sender(conn: Connection, spellings: Sequence[str]) -> list[UUID]:
+    """The teams with an approved sender ID spelled one of ``spellings``."""
+    return [row["team_id"] for row in await conn.fetch(TEAMS_OF_VALUE, list(spellings))]
 
 
 async def take_due_reviews(conn: Connection, interval_seconds: float, limit: int) -> list[SenderId]:

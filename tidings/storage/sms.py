@@ -289,7 +289,9 @@ async def cancel(conn: Connection, team_id: UUID, sms_id: UUID) -> Sms | None:
         if await conn.fetchval(STOP_SCHEDULED, team_id, sms_id) is None:
             await _not_scheduled(conn, team_id, sms_id)
             return None
-        await record_reports(conn, [Report(sms_id, "canceled", None)])
+        await record_reports(conn, [Report(
+            sms_id, "canceled", None, "canceled", "canceled by the team before it was sent"
+        )])
         return await get_sms(conn, team_id, sms_id)
 
 
