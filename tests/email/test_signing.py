@@ -4,6 +4,8 @@ spaces and tabs, trailing blank lines, an empty body, oversigned headers."""
 
 from __future__ import annotations
 
+import email
+import email.policy
 import uuid
 from typing import Any
 
@@ -60,3 +62,23 @@ def test_a_changed_or_added_header_breaks_it() -> None:
     # Relaxed: folding and spacing changes on the way do not matter.
     refolded = message.replace(b"Subject: Your receipt", b"Subject:  Your\r\n\treceipt ")
     assert dkim.verify(header + refolded, dnsfunc=dns)
+
+
+@pytest.mark.parametrize(("word", "subject"), [
+    (998, "Hi " + "x" * 998), (5000, "Hi " + "x" * 5000), (10, "Grüße aus Köln, " * 120),
+])
+def test_no_line_exceeds_998_octets_whatever_the_words(word: int, subject: str) -> None:
+    """A header folds only at spaces: a word too long for one line is sent
+    as RFC 2047 encoded words, which a reader joins back; a long non-ASCII
+    subject, encoded and folded already, keeps its folds (and no empty line
+    ends the headers early)."""
+    message = build_message(
+        email_id=uuid.uuid4(), domain="acme.example", sender="news@acme.example",
+        to=("ada@example.org",), subject=subject, text="x",
+        headers=(("X-Long-Word", "y" * word), ("X-Exact", "z" * (998 - len("X-Exact: ")))),
+    )
+    assert max(len(line) for line in message.split(b"\r\n")) <= 998
+    parsed = email.message_from_bytes(message, policy=email.policy.default)
+    assert parsed["Subject"] == " ".join(subject.split())
+    assert parsed["X-Long-Word"] == "y" * word
+    assert dkim.verify(sign(message, "acme.example", "tidings1", KEY), dnsfunc=dns)

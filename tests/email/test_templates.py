@@ -67,3 +67,6 @@ async def test_missing_variables_unknown_and_unpublished_templates_are_refused(
     draft = await make_template(client, alias="draft", publish=False)
     unpublished = await client.post("/emails", json={**body, "template": {"id": draft}})
     assert "published" in assert_error(unpublished, 422, "UNPROCESSABLE_ENTITY")
+    too_long = await client.post("/emails", json={
+        **body, "template": {"id": template_id, "variables": {"order": "x" * 5000}}})
+    assert "rendered subject" in assert_error(too_long, 422, "UNPROCESSABLE_ENTITY")

@@ -42,9 +42,16 @@ def _ascii_address(address: str) -> str:
     return f"{local}@{idna.encode(domain, uts46=True).decode('ascii')}"
 
 
+# The longest word a header line keeps as it is: folding happens only at
+# spaces, and a line holds at most 998 octets with the header's name.
+LONGEST_WORD = 900
+
+
 def _header_text(value: str) -> str:
+    """A header's text, one logical line: ASCII as it is, other text (or a
+    word too long to fold) as RFC 2047 encoded words of at most 76 octets."""
     value = " ".join(value.split())
-    if value.isascii():
+    if value.isascii() and all(len(word) <= LONGEST_WORD for word in value.split(" ")):
         return value
     return Header(value, "utf-8").encode(maxlinelen=76).replace("\n", "\r\n")
 
@@ -57,19 +64,28 @@ def _addresses(values: tuple[str, ...] | list[str]) -> str:
 
 
 def _fold(line: str) -> bytes:
-    """A header line, ASCII, folded at spaces to stay under 998 octets."""
+    """A header, ASCII, each of its lines (it may be folded already) folded
+    at spaces to stay under 998 octets."""
     data = line.encode("ascii")
-    if len(data) <= 998:
+    lines = data.split(CRLF)
+    if all(len(one) <= 998 for one in lines):
         return data
-    out, current = [], b""
-    for word in data.split(b" "):
-        if current and len(current) + len(word) + 1 > 900:
+    return CRLF.join(folded for one in lines for folded in _fold_line(one))
+
+
+def _fold_line(line: bytes) -> list[bytes]:
+    if len(line) <= 998:
+        return [line]
+    words = line.split(b" ")
+    out, current = [], words[0]
+    for word in words[1:]:
+        if current.strip() and len(current) + 1 + len(word) > LONGEST_WORD:
             out.append(current)
             current = b" " + word
         else:
-            current = word if not current else current + b" " + word
+            current += b" " + word
     out.append(current)
-    return CRLF.join(out)
+    return out
 
 
 def _qp(text: str) -> bytes:

@@ -184,6 +184,9 @@ async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail
         except RenderError as error:
             raise InputError(422, f"template.{error}") from None
         subject, html, text = rendered.subject, rendered.html, rendered.text
+        if len(subject) > MAX_ADDRESS_FIELD:
+            raise InputError(422, f"template: the rendered subject has {len(subject)} characters; "
+                                  f"a subject has at most {MAX_ADDRESS_FIELD}")
         if from_ is None and version.from_email is not None:
             from_ = shown(version.from_email, version.from_name)
         if reply_to is None and version.reply_to_email is not None:
