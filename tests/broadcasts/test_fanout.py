@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from uuid import UUID, uuid4
+from uuid import RFC_4122, UUID, uuid4
 
 import httpx
 import trio
@@ -30,6 +30,12 @@ async def test_counting_rules_and_rendering(
     assert (done["queued_count"], done["failed_count"]) == (2, 0)
     emails = {e["to_addresses"][0]: e for e in await emails_of(service, bid)}
     assert set(emails) == {"ada@example.com", "bob@example.com"}
+    # Ids made from the broadcast and the contact are still RFC 4122 UUIDs.
+    for email in emails.values():
+        made = UUID(str(email["id"]))
+        assert (made.version, made.variant) == (3, RFC_4122)
+        shown = ok(await client.get(f"/emails/{made}"))
+        assert shown["id"] == str(made)
     ada = emails["ada@example.com"]
     assert ada["subject"] == "Hello Ada" and ada["text"] == "Hi Ada & co"
     assert "<p>Hi Ada, 20% off</p>" in ada["html"] and "Spring &lt;sale&gt;" in ada["html"]

@@ -17,8 +17,9 @@ caller, so a cancel stops the fanout at the next batch. The broadcast row is
 only share-locked (``FOR KEY SHARE``) while a batch works, so batches run
 side by side and a cancel does not wait for them; it is updated in the last
 statements, just before the commit. An email's id is made from its broadcast
-and contact: the primary key of emails is the guard that no contact ever
-gets two emails of one broadcast.
+and contact (an RFC 4122 version 3 UUID: MD5 of the two, with the version
+and variant bits set): the primary key of emails is the guard that no
+contact ever gets two emails of one broadcast.
 """
 
 from __future__ import annotations
@@ -81,9 +82,12 @@ WITH b AS ({_HELD}), inserted AS (
            jsonb_build_array(jsonb_build_object('name', 'broadcast_id', 'value', $1::text)),
            'queued', $13, '<' || x.email_id || '@' || $13 || '>', $14, now(), now(),
            $1, x.contact_id
-    FROM b, (SELECT md5($1::text || i.contact_id::text)::uuid AS email_id, i.*
+    FROM b, (SELECT encode(set_byte(set_byte(d.h, 6, (get_byte(d.h, 6) & 15) | 48),
+                                    8, (get_byte(d.h, 8) & 63) | 128), 'hex')::uuid AS email_id,
+                    i.*
              FROM unnest($4::uuid[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
-                  AS i(contact_id, email, subject, html, text, link)) x
+                  AS i(contact_id, email, subject, html, text, link),
+                  LATERAL (SELECT decode(md5($1::text || i.contact_id::text), 'hex') AS h) d) x
     ON CONFLICT (id) DO NOTHING
     RETURNING id, team_id, to_addresses, subject
 ), queued AS MATERIALIZED (
