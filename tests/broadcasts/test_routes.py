@@ -134,3 +134,20 @@ async def test_numbers_json_cannot_hold_are_400(
             f"/broadcasts/{b['id']}", content=raw, headers={"Content-Type": "application/json"}
         )
         assert "variable_bindings" in assert_error(response, 400, "BAD_REQUEST"), number
+
+
+async def test_the_schema_of_a_change_says_which_fields_take_null(
+    client: httpx.AsyncClient, audience: Audience
+) -> None:
+    """Fields a broadcast cannot be without may be left out of a PATCH, not
+    nulled (400); the schema says so rather than offering null."""
+    response = await client.get("/openapi.json")
+    assert response.status_code == 200
+    schema = response.json()
+    fields = schema["components"]["schemas"]["UpdateBroadcast"]["properties"]
+    for name in ("name", "segment_id", "from_email", "subject", "html", "variable_bindings"):
+        assert "null" not in str(fields[name]), name
+    assert {"type": "null"} in fields["from_name"]["anyOf"]
+    b = ok(await client.post("/broadcasts", json=draft(audience)), 201)
+    nulled = await client.patch(f"/broadcasts/{b['id']}", json={"html": None})
+    assert "html" in assert_error(nulled, 400, "BAD_REQUEST")

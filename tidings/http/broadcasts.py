@@ -13,6 +13,7 @@ from typing import Any, Literal, Self
 from uuid import UUID
 
 from pydantic import BaseModel, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from tidings.addresses import MAX_ADDRESS_LENGTH, parse_address
 from tidings.fields import FieldError
@@ -74,17 +75,20 @@ class CreateBroadcast(RequestBody):
 
 
 class UpdateBroadcast(RequestBody):
-    name: str | None = Field(None, min_length=1, max_length=200)
-    segment_id: UUID | None = None
+    # Omitted: unchanged; never null (the schema says so).
+    name: str | SkipJsonSchema[None] = Field(None, min_length=1, max_length=200)
+    segment_id: UUID | SkipJsonSchema[None] = None
     topic_id: UUID | None = Field(None, description="null removes it")
-    from_email: str | None = Field(None, max_length=MAX_ADDRESS_LENGTH)
+    from_email: str | SkipJsonSchema[None] = Field(None, max_length=MAX_ADDRESS_LENGTH)
     from_name: str | None = Field(None, max_length=200, description="null removes it")
     reply_to_email: str | None = Field(None, max_length=MAX_ADDRESS_LENGTH)
-    subject: str | None = Field(None, min_length=1, max_length=998)
+    subject: str | SkipJsonSchema[None] = Field(None, min_length=1, max_length=998)
     preview_text: str | None = Field(None, max_length=500)
-    html: str | None = Field(None, min_length=1)
+    html: str | SkipJsonSchema[None] = Field(None, min_length=1)
     text: str | None = None
-    variable_bindings: dict[str, Binding] | None = Field(None, description=BINDINGS)
+    variable_bindings: dict[str, Binding] | SkipJsonSchema[None] = Field(
+        None, description=BINDINGS
+    )
     revision: int | None = Field(
         None, ge=1, description="The revision the change is based on; another one is 409"
     )
