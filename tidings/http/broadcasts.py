@@ -9,7 +9,7 @@ the fanout itself runs on the runtime (``tidings.actors.broadcasts``).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 from uuid import UUID
 
 from pydantic import BaseModel, Field, model_validator
@@ -76,15 +76,17 @@ class CreateBroadcast(RequestBody):
 
 class UpdateBroadcast(RequestBody):
     # Omitted: unchanged; never null (the schema says so).
-    name: str | SkipJsonSchema[None] = Field(None, min_length=1, max_length=200)
+    name: Annotated[str, Field(min_length=1, max_length=200)] | SkipJsonSchema[None] = None
     segment_id: UUID | SkipJsonSchema[None] = None
     topic_id: UUID | None = Field(None, description="null removes it")
-    from_email: str | SkipJsonSchema[None] = Field(None, max_length=MAX_ADDRESS_LENGTH)
+    from_email: Annotated[str, Field(max_length=MAX_ADDRESS_LENGTH)] | SkipJsonSchema[None] = (
+        None
+    )
     from_name: str | None = Field(None, max_length=200, description="null removes it")
     reply_to_email: str | None = Field(None, max_length=MAX_ADDRESS_LENGTH)
-    subject: str | SkipJsonSchema[None] = Field(None, min_length=1, max_length=998)
+    subject: Annotated[str, Field(min_length=1, max_length=998)] | SkipJsonSchema[None] = None
     preview_text: str | None = Field(None, max_length=500)
-    html: str | SkipJsonSchema[None] = Field(None, min_length=1)
+    html: Annotated[str, Field(min_length=1)] | SkipJsonSchema[None] = None
     text: str | None = None
     variable_bindings: dict[str, Binding] | SkipJsonSchema[None] = Field(
         None, description=BINDINGS
