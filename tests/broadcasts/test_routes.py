@@ -151,3 +151,5 @@ async def test_the_schema_of_a_change_says_which_fields_take_null(
     b = ok(await client.post("/broadcasts", json=draft(audience)), 201)
     nulled = await client.patch(f"/broadcasts/{b['id']}", json={"html": None})
     assert "html" in assert_error(nulled, 400, "BAD_REQUEST")
+    empty = await client.patch(f"/broadcasts/{b['id']}", json={"subject": ""})
+    assert assert_error(empty, 400, "BAD_REQUEST").startswith("invalid body: subject: ")

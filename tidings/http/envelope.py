@@ -105,11 +105,17 @@ def error_response(error: ApiError) -> Response:
     return json_response(error.status, error_body(error.code, error.message), error.headers)
 
 
+def _branch(part: object) -> bool:
+    """Whether a location part names a branch of a type (pydantic's tag for
+    one side of ``str | None`` with constraints), not a field."""
+    return isinstance(part, str) and part.startswith(("constrained-", "function-"))
+
+
 def describe_validation(error: ValidationError, where: str) -> str:
     """One line that names each offending field and why, e.g. ``email: ...``."""
     parts = []
     for detail in error.errors(include_url=False)[:5]:
-        location = ".".join(str(part) for part in detail["loc"])
+        location = ".".join(str(part) for part in detail["loc"] if not _branch(part))
         message = detail["msg"].removeprefix("Value error, ")
         if detail["type"] == "missing":
             message = "is required"
