@@ -83,3 +83,33 @@ async def test_permissions_are_domains_read_and_write(
     sender = await make_token(team="acme", permissions=["sms:send"])
     async with httpx.AsyncClient(base_url=base_url, headers=sender.headers) as client:
         assert_error(await client.get("/sender-ids"), 403, "FORBIDDEN")
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"value": "Acme", "type": "alphanumeric", "countries": ["XX"]}, "countries.0"),
+        ({"value": "Acme", "type": "alphanumeric", "countries": ["GB", "UK"]}, "countries.1"),
+        ({"value": "Acme", "type": "alphanumeric", "countries": ["EU"]}, "countries.0"),
+        ({"value": "Acme", "type": "alphanumeric", "countries": ["us"]}, "countries.0"),
+        # A UK number that no plan lists as assigned is still a UK number.
+        ({"value": "+447700900123", "type": "long_code", "countries": ["US"]}, "GB"),
+        ({"value": "+14155550100", "type": "long_code", "countries": ["CA"]}, "US"),
+    ],
+)
+async def test_countries_are_real_and_a_long_codes_own(
+    client: httpx.AsyncClient, body: dict[str, object], reason: str
+) -> None:
+    response = await client.post("/sender-ids", json=body)
+    assert reason in assert_error(response, 400, "BAD_REQUEST")
+
+
+async def test_an_unlisted_number_keeps_a_country_of_its_calling_code(
+    client: httpx.AsyncClient,
+) -> None:
+    found = ok(await client.post("/sender-ids", json={"value": "+447700900123",
+                                                      "type": "long_code"}), 201)
+    assert found["countries"] == ["GB"]
+    jersey = ok(await client.post("/sender-ids", json={
+        "value": "+447700900124", "type": "long_code", "countries": ["JE"]}), 201)
+    assert jersey["countries"] == ["JE"]

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+import phonenumbers
 from pydantic import BaseModel, Field
 
 from tidings.fields import FieldError
@@ -87,20 +88,32 @@ def checked_value(value: str, type: SenderIdType) -> tuple[str, list[str]]:
         phone = parse_phone(number, "value", valid=False)
     except FieldError as error:
         raise bad_request(str(error)) from None
-    return phone.e164, [phone.country] if phone.country else []
+    if phone.country:
+        return phone.e164, [phone.country]
+    # A number no plan lists as assigned: the countries of its calling code.
+    calling_code = phonenumbers.parse(phone.e164, None).country_code or 0
+    regions = phonenumbers.region_codes_for_country_code(calling_code)
+    return phone.e164, [region for region in regions if region.isalpha()]
 
 
 def checked_countries(countries: list[str] | None, implied: list[str]) -> list[str]:
     if countries is None:
-        return implied
+        return implied[:1]
     found: list[str] = []
     for index, country in enumerate(countries):
-        if not re.fullmatch(COUNTRY, country):
-            raise bad_request(f"countries.{index}: {country!r} is not an ISO 3166-1 alpha-2 code")
+        if not re.fullmatch(COUNTRY, country) or country not in phonenumbers.SUPPORTED_REGIONS:
+            raise bad_request(
+                f"countries.{index}: {country!r} is not the ISO 3166-1 alpha-2 code of a "
+                "country with a telephone numbering plan"
+            )
         if country not in found:
             found.append(country)
-    if implied and found != implied:
+    if len(implied) == 1 and found != implied:
         raise bad_request(f"countries: a long code is for its number's country {implied[0]}")
+    if len(implied) > 1 and not set(found) <= set(implied):
+        raise bad_request(
+            f"countries: a long code is for a country of its calling code: {', '.join(implied)}"
+        )
     return found
 
 
