@@ -7,6 +7,7 @@ with one line on stderr and exit status 1, never a traceback.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,15 @@ def test_help_explains_every_option_without_markup(
         found = sub.choices[word]  # type: ignore[attr-defined]
     for action in found._actions:
         assert action.help, (command, action.option_strings or action.dest)
+
+
+def test_a_port_in_use_is_one_line_naming_the_port(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = tidings(["serve", "--host", "127.0.0.1", "--port", str(port)], tmp_path)
+    # serve logs its start (the migrations) before it binds the port.
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line == f"tidings: cannot listen on 127.0.0.1:{port}: Address already in use", line

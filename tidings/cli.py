@@ -7,6 +7,7 @@ command with one line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import signal
@@ -264,6 +265,14 @@ def storage_failure(error: BaseException) -> str | None:
     return None
 
 
+def listen_failure(error: BaseException) -> str | None:
+    """Why the HTTP port could not be listened on, in one line; None for any other error."""
+    for leaf in _leaves(error):
+        if isinstance(leaf, OSError) and leaf.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            return leaf.strerror or str(leaf)
+    return None
+
+
 def where_the_database_is(config: Config) -> str:
     if config.database_url is None:
         return f"the embedded PostgreSQL in {config.data_dir} (TIDINGS_DATA_DIR)"
@@ -319,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as error:
+        busy = listen_failure(error) if args.command == "serve" else None
+        if busy is not None:
+            raise SystemExit(f"tidings: cannot listen on {args.host}:{args.port}: {busy}") from None
         reason = storage_failure(error)
         if reason is None:
             raise
