@@ -113,3 +113,27 @@ async def test_an_unlisted_number_keeps_a_country_of_its_calling_code(
     jersey = ok(await client.post("/sender-ids", json={
         "value": "+447700900124", "type": "long_code", "countries": ["JE"]}), 201)
     assert jersey["countries"] == ["JE"]
+
+
+async def test_a_number_belongs_to_one_team(
+    client: httpx.AsyncClient, base_url: str, make_token: MakeToken
+) -> None:
+    """Another team cannot register a long or short code a team has (it would
+    send as that team and take its replies); an alphanumeric name can be shared."""
+    mine = ok(await client.post("/sender-ids", json={"value": "+14155550100",
+                                                     "type": "long_code"}), 201)
+    ok(await client.post("/sender-ids", json={"value": "55555", "type": "short_code"}), 201)
+    ok(await client.post("/sender-ids", json={"value": "Acme", "type": "alphanumeric"}), 201)
+    other: Credential = await make_token(team="other")
+    async with httpx.AsyncClient(base_url=base_url, headers=other.headers) as them:
+        for body in ({"value": "14155550100", "type": "long_code"},
+                     {"value": "55555", "type": "short_code"}):
+            taken = await them.post("/sender-ids", json=body)
+            assert "another team" in assert_error(taken, 409, "CONFLICT")
+        ok(await them.post("/sender-ids", json={"value": "Acme", "type": "alphanumeric"}), 201)
+        refused = await them.post("/sms", json={"to": "+14155552000", "from": "+14155550100",
+                                                "body": "x"})
+        assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+        assert (await client.delete(f"/sender-ids/{mine['id']}")).status_code == 204
+        ok(await them.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}),
+           201)

@@ -12,9 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
+import asyncpg
+
 from tidings.providers.sms import SenderIdDecision, SenderIdType
 from tidings.storage.connection import Connection, Row, returned
-from tidings.storage.errors import unique
+from tidings.storage.errors import Duplicate
+
+# The unique index that gives a long or short code to one team.
+NUMBER_OWNER = "sender_ids_number_owner"
 
 COLUMNS = "id, team_id, value, type, status, countries, created_at, updated_at"
 
@@ -90,9 +95,15 @@ async def create_sender_id(
     status: SenderIdDecision,
     countries: list[str],
 ) -> SenderId:
-    """Store a sender ID. Raises Duplicate when the team has this value already."""
-    with unique("value", f"{value!r} is a sender ID of the team already"):
+    """Store a sender ID. Raises Duplicate when the team has this value
+    already, or when it is a number (long or short code) of another team."""
+    try:
         row = await conn.fetchrow(INSERT, team_id, value, type, status, countries)
+    except asyncpg.UniqueViolationError as error:
+        if error.constraint_name == NUMBER_OWNER:
+            raise Duplicate("value", f"{value!r} is registered by another team: a long code "
+                                     "or short code belongs to one team") from None
+        raise Duplicate("value", f"{value!r} is a sender ID of the team already") from None
     return SenderId.from_row(returned(row))
 
 
