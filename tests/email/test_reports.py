@@ -61,3 +61,12 @@ def test_not_reports() -> None:
     for raw in (plain, other, broken, b"", b"\x00\xff garbage"):
         with pytest.raises(NotAReport):
             parse_report(raw)
+
+
+def test_a_long_diagnostic_is_cut() -> None:
+    raw = sample("postfix_bounce.eml").replace(
+        b"Diagnostic-Code: smtp; 550", b"Diagnostic-Code: smtp; 550 " + b"z" * 100_000
+    )
+    found = parse_report(raw)
+    assert found[0].message is not None and len(found[0].message) == 1000
+    assert found[0].message.endswith("…") and found[0].code == "5.1.1"

@@ -84,6 +84,16 @@ def _text(value: object) -> str | None:
     return " ".join(field.replace("\x00", " ").split()) or None
 
 
+# A diagnostic longer than this is cut (with "…"): a reply is a line or two.
+MAX_DIAGNOSTIC = 1000
+
+
+def _shortened(text: str | None) -> str | None:
+    if text is None or len(text) <= MAX_DIAGNOSTIC:
+        return text
+    return text[: MAX_DIAGNOSTIC - 1] + "…"
+
+
 def _parts(message: Message) -> list[Message]:
     payload = message.get_payload()
     if not isinstance(payload, list):
@@ -152,7 +162,7 @@ def _dsn(report: Message) -> list[Report]:
             recipient=recipient,
             original_message_id=original,
             code=_text(block.get("Status")),
-            message=_text(block.get("Diagnostic-Code")),
+            message=_shortened(_text(block.get("Diagnostic-Code"))),
         ))
     return found
 
