@@ -5,6 +5,7 @@ a refused message, and sender ID review."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -115,6 +116,9 @@ async def test_status_callbacks_are_verified_and_move_forward_only(
         assert answer.status_code == 200
     final = ok(await client.get(f"/sms/{sms['id']}"))
     assert final["last_event"] == "delivered" and final["delivered_at"] is not None
+    moments = {name: datetime.fromisoformat(final[name])
+               for name in ("created_at", "submitted_at", "delivered_at", "updated_at")}
+    assert moments["updated_at"] >= max(moments.values()), moments
     assert [t.removeprefix("message.") for t in await event_types(client, sms["id"])] == [
         "queued", "processing", "submitted", "sent", "delivered",
     ]

@@ -65,7 +65,8 @@ UPDATE sms_messages t SET
     submitted_at = coalesce(t.submitted_at, u.submitted_at),
     delivered_at = coalesce(t.delivered_at, u.delivered_at),
     next_attempt_at = CASE WHEN u.final THEN NULL ELSE t.next_attempt_at END,
-    updated_at = now()
+    -- Never before a time the move itself records.
+    updated_at = greatest(now(), u.submitted_at, u.delivered_at)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
             $7::timestamptz[], $8::bool[])
      AS u(id, status, message_id, failure_code, failure_message, submitted_at, delivered_at,
