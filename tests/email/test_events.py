@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import httpx
 import pytest
+import trio
 
 from tests.conftest import assert_error
 from tests.email.helpers import events, later, ok, send
@@ -58,3 +61,19 @@ async def test_paging_refuses_bad_values(client: httpx.AsyncClient) -> None:
         assert_error(
             await client.get(f"/emails/{email_id}/events", params=params), 400, "BAD_REQUEST"
         )
+
+
+async def test_an_email_is_not_updated_before_its_last_event(client: httpx.AsyncClient) -> None:
+    """``updated_at`` is never earlier than the event that changed the email."""
+    for _ in range(3):
+        email_id = await send(client)
+        with trio.fail_after(10):
+            while ok(await client.get(f"/emails/{email_id}"))["status"] != "delivered":
+                await trio.sleep(0.05)
+        email = ok(await client.get(f"/emails/{email_id}"))
+        last = max(datetime.fromisoformat(e["occurred_at"]) for e in await events(client, email_id))
+        assert datetime.fromisoformat(email["updated_at"]) >= last, (email, last)
+    scheduled = await send(client, scheduled_at=later(hours=1))
+    canceled = ok(await client.post(f"/emails/{scheduled}/cancel"))
+    last = max(datetime.fromisoformat(e["occurred_at"]) for e in await events(client, scheduled))
+    assert datetime.fromisoformat(canceled["updated_at"]) >= last

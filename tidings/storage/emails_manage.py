@@ -60,7 +60,7 @@ RETURNING {EMAIL_COLUMNS}
 
 CANCEL = f"""
 UPDATE emails SET status = 'canceled', status_at = $3, next_attempt_at = NULL,
-                  updated_at = now()
+                  updated_at = greatest(now(), $3)
 WHERE team_id = $1 AND id = $2 AND {STILL_SCHEDULED}
 RETURNING {EMAIL_COLUMNS}
 """

@@ -67,7 +67,7 @@ UPDATE emails t SET
     send_to = ARRAY(SELECT jsonb_array_elements_text(r.send_to)),
     lease_owner = NULL,
     leased_until = NULL,
-    updated_at = now()
+    updated_at = greatest(now(), r.status_at)
 FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::timestamptz[], $6::text[],
             $7::text[], $8::jsonb[])
      AS r(id, status, status_at, next_at, error, provider, send_to)
@@ -100,7 +100,7 @@ SELECT id, team_id, from_address, to_addresses, subject FROM emails WHERE id = A
 
 # Status moves to an outcome's type unless a later event is recorded already.
 UPDATE_STATUS = """
-UPDATE emails t SET status = r.status, status_at = r.at, updated_at = now()
+UPDATE emails t SET status = r.status, status_at = r.at, updated_at = greatest(now(), r.at)
 FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS r(id, status, at)
 WHERE t.id = r.id AND t.status_at <= r.at
 """
