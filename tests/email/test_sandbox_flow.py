@@ -125,3 +125,16 @@ async def test_every_step_reaches_a_webhook_receiver(
         assert body["data"]["subject"] == "Hi"
     ids = {e["id"] for e in await events(client, email_id)}
     assert {b["id"] for b in bodies} == ids
+
+
+async def test_a_bounced_address_is_suppressed_in_every_spelling(
+    client: httpx.AsyncClient,
+) -> None:
+    """One fold of case (PostgreSQL's) for storing and checking: a capital
+    that Python and PostgreSQL lowercase differently (İ) is still caught."""
+    first = await send(client, to="bounced+İx@example.com")
+    await settled(client, first, "bounced")
+    for spelling in ("bounced+İx@example.com", "BOUNCED+İX@example.com", "bounced+ix@example.com"):
+        again = await send(client, to=spelling)
+        assert ok(await client.get(f"/emails/{again}"))["status"] == "suppressed", spelling
+        assert await types_of(client, again) == ["suppressed"]

@@ -100,9 +100,13 @@ async def test_suppressed_answers_for_many_addresses_at_once(
         "ada@example.com", "ADA@EXAMPLE.COM", "+14155550100", "grace@example.com",
         "+14155550101", "nobody@example.com",
     ]
+    await suppress(client, "İz@example.com")
+    dotted = await client.post("/suppressions", json={"address": "iz@example.com"})
+    assert_error(dotted, 409, "CONFLICT")  # the same mailbox, as PostgreSQL folds it
+    asked.append("İZ@example.com")
     async with service.db.acquire() as conn:
         found = await suppression_store.suppressed(conn, team_id, asked)
-        assert found == {"ada@example.com", "ADA@EXAMPLE.COM", "+14155550100"}
+        assert found == {"ada@example.com", "ADA@EXAMPLE.COM", "+14155550100", "İZ@example.com"}
         assert await suppression_store.suppressed(conn, team_id, []) == set()
         many = [f"user{n}@example.com" for n in range(5000)] + ["ada@example.com"]
         assert await suppression_store.suppressed(conn, team_id, iter(many)) == {"ada@example.com"}

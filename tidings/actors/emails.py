@@ -97,9 +97,9 @@ class Emails:
         changes = [
             Change(email.id, email.team_id, "suppressed", address, clock.tick(), provider, data,
                    message="the address is on the team's suppression list")
-            for address in email.send_to if address.lower() in blocked
+            for address in email.send_to if address in blocked
         ]
-        recipients = [a for a in email.send_to if a.lower() not in blocked]
+        recipients = [a for a in email.send_to if a not in blocked]
         domain = await self.domain(email.team_id, email.domain) if recipients else None
         if not recipients:
             result = EmailResult(provider, None)

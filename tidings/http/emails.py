@@ -213,7 +213,7 @@ async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail
         from_address=from_shown,
         from_email=from_email,
         to=[shown(a, n) for a, n in to],
-        to_lookup=[a.lower() for a, _ in to],
+        to_lookup=[a for a, _ in to],  # lowercased by PostgreSQL as it is stored
         cc=[shown(a, n) for a, n in cc],
         bcc=[shown(a, n) for a, n in bcc],
         reply_to=[shown(a, n) for a, n in replies],

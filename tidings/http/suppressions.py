@@ -64,7 +64,8 @@ def stored_address(address: str) -> tuple[str, Kind]:
     """The stored form of an address and its kind; 400 naming ``address``."""
     if "@" in address:
         try:
-            return normalize_address(address, "address").lower(), "email"
+            # Lowercased as it is stored (by PostgreSQL, see the storage module).
+            return normalize_address(address, "address"), "email"
         except FieldError as error:
             reason = f"value is not a valid email address: {error.reason}"
             raise bad_request(f"address: {reason}") from None

@@ -68,12 +68,13 @@ RECORD_CHANGES = f"WITH {CHANGE}, {RECORDED} SELECT woken FROM woken"
 
 # What acceptance checks, in one round trip: which of the names ($2) are
 # verified sending domains of the team (the domains group's table), and which
-# of the addresses ($3, lowercase) it suppresses.
+# of the addresses ($3, as given) it suppresses (folded by lower(), as stored).
 ACCEPT_CHECK = """
 SELECT ARRAY(SELECT name FROM domains
              WHERE team_id = $1 AND name = ANY($2::text[]) AND status = 'verified') AS verified,
-       ARRAY(SELECT address FROM suppressions
-             WHERE team_id = $1 AND address = ANY($3::text[])) AS suppressed
+       ARRAY(SELECT a FROM unnest($3::text[]) a
+             WHERE EXISTS (SELECT 1 FROM suppressions s
+                           WHERE s.team_id = $1 AND s.address = lower(a))) AS suppressed
 """
 
 # The emails ($11 the team, $12.. one array per column; the address lists as
@@ -90,7 +91,7 @@ inserted AS (
            ARRAY(SELECT jsonb_array_elements_text(i.lists -> 1)),
            ARRAY(SELECT jsonb_array_elements_text(i.lists -> 2)),
            ARRAY(SELECT jsonb_array_elements_text(i.lists -> 3)),
-           ARRAY(SELECT jsonb_array_elements_text(i.lists -> 4)),
+           ARRAY(SELECT lower(a) FROM jsonb_array_elements_text(i.lists -> 4) a),
            ARRAY(SELECT jsonb_array_elements_text(i.lists -> 5)),
            i.subject, i.html, i.text, i.headers, i.tags, i.status, i.scheduled_at,
            i.template_id, i.template_version_id, i.domain, i.smtp_message_id, i.provider,
@@ -321,15 +322,17 @@ async def accept(
     that takes the slow path (QuotaExceeded: nothing stored). Returns them
     as stored."""
     names = {e.domain: _domain_key(e.domain) for e in emails}
-    lowered = sorted({a.lower() for e in emails for a in e.send_to})
-    row = returned(await conn.fetchrow(ACCEPT_CHECK, team_id, sorted(set(names.values())), lowered))
+    addresses = sorted({a for e in emails for a in e.send_to})
+    row = returned(await conn.fetchrow(
+        ACCEPT_CHECK, team_id, sorted(set(names.values())), addresses
+    ))
     verified, blocked = set(row["verified"]), set(row["suppressed"])
     checked = []
     for index, email in enumerate(emails):
         name = names[email.domain]
         if name not in verified:
             raise UnverifiedDomain(index, email.domain)
-        found = [a for a in email.send_to if a.lower() in blocked]
+        found = [a for a in email.send_to if a in blocked]
         checked.append(replace(email, domain=name, suppressed=found))
     sending = sum(len(e.send_to) - len(e.suppressed) for e in checked)
     args = _accept_args(team_id, checked)

@@ -28,7 +28,7 @@ SELECT_EMAILS = f"""
 SELECT {EMAIL_COLUMNS} FROM emails
 WHERE team_id = $1
   AND ($2::text IS NULL OR status = $2)
-  AND ($3::text IS NULL OR to_lookup @> ARRAY[$3::text])
+  AND ($3::text IS NULL OR to_lookup @> ARRAY[lower($3::text)])
   AND ($4::timestamptz IS NULL OR created_at >= $4)
   AND ($5::timestamptz IS NULL OR created_at <= $5)
 ORDER BY created_at DESC, id DESC
@@ -132,7 +132,7 @@ async def list_emails(
     conn: Connection, team_id: UUID, where: EmailFilter, limit: int, offset: int
 ) -> list[Email]:
     """Newest first; ``where.to`` is a bare address, matched case-insensitively."""
-    to = None if where.to is None else where.to.strip().lower()
+    to = None if where.to is None else where.to.strip()
     rows = await conn.fetch(
         SELECT_EMAILS, team_id, where.status, to, where.start, where.end, limit, offset
     )

@@ -45,9 +45,9 @@ LEASES = lease_sql(
 SELECT c.id, c.team_id, c.from_address, c.from_email, c.to_addresses, c.cc, c.reply_to,
        c.send_to, c.subject, c.html, c.text, c.headers::text AS headers, c.domain,
        c.smtp_message_id, c.attempt_count, c.status,
-       ARRAY(SELECT s.address FROM suppressions s
-             WHERE s.team_id = c.team_id
-               AND s.address = ANY (ARRAY(SELECT lower(a) FROM unnest(c.send_to) a)))
+       ARRAY(SELECT a FROM unnest(c.send_to) a
+             WHERE EXISTS (SELECT 1 FROM suppressions s
+                           WHERE s.team_id = c.team_id AND s.address = lower(a)))
            AS suppressed
 FROM claimed c
 """,
@@ -135,7 +135,7 @@ class Claimed:
     smtp_message_id: str
     attempt_count: int
     status: str
-    # Those of send_to the team has suppressed since (lowercase).
+    # Those of send_to the team has suppressed since (as spelled in send_to).
     suppressed: list[str]
 
     @classmethod

@@ -1,7 +1,10 @@
 """Suppressed addresses: email addresses and phone numbers a team must not send to.
 
 Addresses are stored normalised, emails in lowercase and phone numbers in
-E.164, and are unique per team.
+E.164, and are unique per team. An email is lowercased by PostgreSQL's
+``lower()`` and only by it, wherever it is stored or compared: Python's
+``str.lower`` folds some letters otherwise (``İ``), and a suppression must
+catch every spelling of the mailbox.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ COLUMNS = "id, team_id, address, kind, reason, source_message_id, created_at"
 
 INSERT_SUPPRESSION = f"""
 INSERT INTO suppressions (team_id, address, kind, reason, source_message_id)
-VALUES ($1, $2, $3, $4, $5)
+VALUES ($1, CASE WHEN $3::text = 'email' THEN lower($2) ELSE $2 END, $3, $4, $5)
 RETURNING {COLUMNS}
 """
 
@@ -50,7 +53,12 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[])
 ON CONFLICT (team_id, address) DO NOTHING
 """
 
-SUPPRESSED = "SELECT address FROM suppressions WHERE team_id = $1 AND address = ANY($2::text[])"
+# Those of the addresses ($2, as given) the team suppresses: emails folded by lower().
+SUPPRESSED = """
+SELECT a AS address FROM unnest($2::text[]) a
+WHERE EXISTS (SELECT 1 FROM suppressions s WHERE s.team_id = $1
+              AND s.address = CASE WHEN position('@' IN a) > 0 THEN lower(a) ELSE a END)
+"""
 
 
 @dataclass(frozen=True)
@@ -62,12 +70,6 @@ class Suppression:
     reason: Reason
     source_message_id: UUID | None
     created_at: datetime
-
-
-def lookup_key(address: str) -> str:
-    """How an address is compared: emails case-insensitively, phones as given (E.164)."""
-    address = address.strip()
-    return address.lower() if "@" in address else address
 
 
 async def create_suppression(
@@ -117,13 +119,11 @@ async def suppressed(conn: Connection, team_id: UUID, addresses: Iterable[str]) 
     Emails match case-insensitively; phone numbers must be in E.164 (as a
     contact's ``normalized_phone`` is).
     """
-    given: dict[str, list[str]] = {}
-    for address in addresses:
-        given.setdefault(lookup_key(address), []).append(address)
+    given = {address.strip(): address for address in addresses}
     if not given:
         return set()
     rows = await conn.fetch(SUPPRESSED, team_id, list(given))
-    return {original for row in rows for original in given[row["address"]]}
+    return {given[row["address"]] for row in rows}
 
 
 async def suppress_emails(
