@@ -209,3 +209,78 @@ def test_shedding_settings() -> None:
     config = Config.from_env({"TIDINGS_MAX_IN_FLIGHT": "7", "TIDINGS_MAX_DB_WAITERS": "0"})
     assert (config.max_in_flight, config.max_db_waiters) == (7, 0)
     assert (Config().max_in_flight, Config().max_db_waiters) == (64, 10)
+
+
+async def _slow_upload(host: str, port: int, secret: str, started: trio.Event) -> None:
+    """A POST whose body never arrives past its first byte."""
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        await stream.send_all(
+            f"POST /contacts HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {secret}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
+        )
+        started.set()
+        await trio.sleep_forever()
+
+
+async def test_slow_request_bodies_take_no_place_in_the_queue_for_storage(
+    database_url: str, acme: Credential
+) -> None:
+    """Bodies that trickle in hold places among the requests in flight, not
+    in front of the pool: the other requests are served meanwhile."""
+    async with shedding_service(
+        database_url, acme, db_pool_size=2, max_db_waiters=1, max_in_flight=50
+    ) as (service, shedder, client):
+        host, port = client.base_url.host, client.base_url.port
+        assert port is not None
+        async with trio.open_nursery() as nursery:
+            for _ in range(6):  # twice the storage bound of 3
+                started = trio.Event()
+                nursery.start_soon(_slow_upload, host, port, acme.secret, started)
+                await started.wait()
+            await wait_for(lambda: shedder.in_flight == 6)
+            assert shedder.storage_in_flight == 0
+            with trio.fail_after(PROBE_SECONDS):
+                listed = await client.get("/contacts")
+                created = await client.post("/contacts", json={"email": "ok@example.com"})
+            assert (listed.status_code, created.status_code) == (200, 201), created.text
+            nursery.cancel_scope.cancel()
+        await wait_for(lambda: shedder.in_flight == 0 and shedder.storage_in_flight == 0)
+
+
+async def test_content_length_with_transfer_encoding_is_400_and_closes(
+    database_url: str, acme: Credential
+) -> None:
+    """Framed one way by a proxy and the other way here, such a body could
+    carry a second request: it is refused, and nothing after it is read."""
+    async with shedding_service(database_url, acme, db_pool_size=2) as (service, _, client):
+        host, port = client.base_url.host, client.base_url.port
+        assert port is not None
+        body = b'{"email": "smuggled@example.com"}'
+        ambiguous = (
+            f"POST /contacts HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {acme.secret}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 3\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        ).encode() + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        hidden = (
+            f"DELETE /contacts/smuggled@example.com HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {acme.secret}\r\n\r\n"
+        ).encode()
+        for sent in (ambiguous, ambiguous + hidden):
+            stream = await trio.open_tcp_stream(host, port)
+            received = b""
+            with trio.fail_after(PROBE_SECONDS):
+                async with stream:
+                    await stream.send_all(sent)
+                    while chunk := await stream.receive_some(65536):
+                        received += chunk
+            # Refused, then closed: what followed the body is never answered.
+            assert received.startswith(b"HTTP/1.1 400"), received
+            assert b"Content-Length and Transfer-Encoding" in received
+            assert received.count(b"HTTP/1.1 ") == 1, received
+        assert ok_count(await client.get("/contacts")) == 0
+
+
+def ok_count(response: httpx.Response) -> int:
+    assert response.status_code == 200, response.text
+    return len(response.json()["data"]["data"])

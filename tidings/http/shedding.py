@@ -15,6 +15,18 @@ So the queue in front of the pool, and with it the latency of the requests
 that are accepted, stays bounded however many connections arrive. The
 probes (``/healthz``, ``/readyz``) are never counted nor shed.
 
+A request with a body counts against storage only once its body has
+arrived: a client that sends a body slowly (or never finishes it) holds a
+place among the requests in flight, not one in the queue for the pool, so
+a few slow uploads cannot turn every team's requests away. (A request
+counts at arrival against the storage bound as it is then, so the bound
+can be passed by the bodies completing together, at most by the requests
+in flight.)
+
+A request that carries both ``Content-Length`` and ``Transfer-Encoding`` is
+answered 400 and its connection closed (RFC 9112 §6.1): read one way by a
+proxy in front and the other way here, its body could hide a second request.
+
 A request stops counting when the last message of its response is sent, not
 when its task ends: the client may send its next request on the connection
 as soon as it has the answer, and that request must not find the slot of
@@ -29,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
 from hypercorn.typing import ASGIReceiveCallable as Receive
 from hypercorn.typing import ASGISendCallable as Send
 from hypercorn.typing import HTTPScope, Scope
@@ -38,6 +51,8 @@ from tidings.http.envelope import error_body
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 RETRY_AFTER_SECONDS = 1
+# How long an ambiguous request's body is waited for before its answer.
+DRAIN_SECONDS = 2.0
 # Never counted nor shed: a probe must answer however busy the process is.
 PROBES = frozenset({"/healthz", "/readyz"})
 # Public routes that never touch storage.
@@ -70,16 +85,15 @@ class Shedder:
             "SERVICE_UNAVAILABLE",
             f"the server is at capacity; retry after {RETRY_AFTER_SECONDS} s",
         )
-        self._headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(self._refusal)).encode()),
-            (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
-            # The connection is closed after a refusal: a client that would
-            # resend at once must connect again, and new connections are
-            # accepted one per turn of the event loop, so flooding clients
-            # cannot crowd out the turns the accepted requests need.
-            (b"connection", b"close"),
-        ]
+        # The connection is closed after a refusal: a client that would
+        # resend at once must connect again, and new connections are
+        # accepted one per turn of the event loop, so flooding clients
+        # cannot crowd out the turns the accepted requests need.
+        self._ambiguous = error_body(
+            "BAD_REQUEST",
+            "a request with both Content-Length and Transfer-Encoding is ambiguous "
+            "(RFC 9112 §6.1); send one of them",
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,6 +103,15 @@ class Shedder:
         if path in PROBES:
             await self.app(scope, receive, send)
             return
+        length, chunked = _framing(scope)
+        if length is not None and chunked:
+            # The body is let in first (briefly), so the answer is sent
+            # before the connection closes on what follows it.
+            with trio.move_on_after(DRAIN_SECONDS):
+                while (await receive()).get("more_body", False):
+                    pass
+            await self._answer(send, 400, self._ambiguous)
+            return
         storage = path not in STORAGE_FREE
         if self.in_flight >= self.max_in_flight or (
             storage and self.storage_in_flight >= self.max_storage
@@ -96,15 +119,27 @@ class Shedder:
             await self._refuse(scope, send)
             return
         self.in_flight += 1
-        self.storage_in_flight += storage
         counted = True
+        # A request with a body takes its storage place once the body is in.
+        holds_storage = storage and not chunked and not length
+        self.storage_in_flight += holds_storage
 
         def release() -> None:
-            nonlocal counted
+            nonlocal counted, holds_storage
             if counted:
                 counted = False
                 self.in_flight -= 1
-                self.storage_in_flight -= storage
+                self.storage_in_flight -= holds_storage
+                holds_storage = False
+
+        async def receiving() -> Any:
+            nonlocal holds_storage
+            message = await receive()
+            if (storage and counted and not holds_storage and message["type"] == "http.request"
+                    and not message.get("more_body", False)):
+                holds_storage = True
+                self.storage_in_flight += 1
+            return message
 
         async def sending(message: Any) -> None:
             if message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -112,7 +147,7 @@ class Shedder:
             await send(message)
 
         try:
-            await self.app(scope, receive, sending)
+            await self.app(scope, receiving, sending)
         finally:
             release()
 
@@ -120,5 +155,34 @@ class Shedder:
         """503 without reading the body, and the connection closed."""
         self.shed_total += 1
         self._on_shed(scope["method"])
-        await send({"type": "http.response.start", "status": 503, "headers": self._headers})
-        await send({"type": "http.response.body", "body": self._refusal, "more_body": False})
+        await self._answer(send, 503, self._refusal, retry=True)
+
+    async def _answer(self, send: Send, status: int, body: bytes, *, retry: bool = False) -> None:
+        """An error envelope without reading the body, and the connection closed."""
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            # After a refusal the client connects again (see __init__); after an
+            # ambiguous request, what follows its body cannot be trusted.
+            (b"connection", b"close"),
+        ]
+        if retry:
+            headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _framing(scope: HTTPScope) -> tuple[int | None, bool]:
+    """The request's ``Content-Length`` (None: absent or unreadable) and
+    whether it has a ``Transfer-Encoding``."""
+    length: int | None = None
+    chunked = False
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                length = None
+        elif name == b"transfer-encoding":
+            chunked = True
+    return length, chunked
