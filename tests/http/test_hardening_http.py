@@ -61,3 +61,14 @@ async def test_made_up_methods_do_not_grow_the_metrics(http: httpx.AsyncClient) 
     text = (await http.get("/metrics")).text
     assert "X0METHOD" not in text and "X19METHOD" not in text
     assert 'method="OTHER",route="unmatched",status="405"} 20.0' in text
+
+
+async def test_options_is_204_with_allow_and_no_body(http: httpx.AsyncClient) -> None:
+    # HTTP's own method, not an operation of the API document: asked unchecked.
+    async with httpx.AsyncClient(base_url=http.base_url) as plain:
+        response = await plain.options("/contacts")
+    assert response.status_code == 204
+    assert {m.strip() for m in response.headers["allow"].split(",")} == {
+        "GET", "HEAD", "OPTIONS", "POST"
+    }
+    assert response.content == b"" and "content-type" not in response.headers

@@ -255,3 +255,18 @@ async def test_records_expire_after_retention_and_are_swept(
         # The key is free again: a different request with it executes.
         reused = await post(client, {"email": "b@example.com"}, "old")
         assert reused.status_code == 201
+
+
+async def test_spellings_of_one_route_path_are_one_request(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    first = await post(client, {"email": "slash@example.com"}, "slashes")
+    assert first.status_code == 201
+    for path in ("/contacts/",):
+        again = await client.post(path, json={"email": "slash@example.com"},
+                                  headers={KEY: "slashes"})
+        assert (again.status_code, again.headers.get("Idempotent-Replayed")) == (201, "true"), (
+            path, again.text
+        )
+        assert again.content == first.content
+    assert await count_contacts(service) == 1

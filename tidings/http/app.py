@@ -124,6 +124,14 @@ def create_app(service: Service) -> QuartTrio:
 
     @app.after_request
     async def count(response: Response) -> Response:
+        if request.method == "OPTIONS" and response.status_code == 200 and "Allow" in (
+            response.headers
+        ):
+            # Quart's automatic answer: the methods are in Allow, and there is
+            # no body (so no text/html content type) to announce.
+            response.status_code = 204
+            response.headers.pop("Content-Type", None)
+            response.set_data(b"")
         route = _route_template(request.url_rule.rule if request.url_rule is not None else None)
         started = getattr(g, "started", None)
         elapsed = 0.0 if started is None else time.perf_counter() - started

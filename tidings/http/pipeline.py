@@ -145,9 +145,11 @@ def idempotency_key(raw: str | None) -> str | None:
 
 
 def fingerprint(method: str, path: str, query_string: bytes, raw_body: bytes) -> bytes:
-    """Method, route path, query string and body: what makes two requests the same."""
+    """Method, route path, query string and body: what makes two requests the
+    same. Spellings of one path that reach one route (``/a/``, ``//a``) are one."""
     digest = hashlib.sha256()
-    for part in (method.encode(), path.encode(), query_string):
+    route_path = "/" + "/".join(part for part in path.split("/") if part)
+    for part in (method.encode(), route_path.encode(), query_string):
         digest.update(part)
         digest.update(b"\n")
     digest.update(raw_body)
