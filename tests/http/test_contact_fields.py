@@ -37,8 +37,12 @@ def test_csv_cells_become_typed_property_values() -> None:
     assert property_from_text("boolean", "0", "p") is False
     assert property_from_text("date", "2026-01-31", "p") == "2026-01-31"
     assert property_from_text("string", "007", "p") == "007"
-    for kind, text in [("number", "ten"), ("number", "inf"), ("boolean", "maybe"),
-                       ("date", "2026-13-01")]:
+    assert property_from_text("number", "1e3", "p") == 1000.0
+    assert property_from_text("number", " .5 ", "p") == 0.5
+    # Decimal notation in ASCII only: not what else Python's int() and float() read.
+    for kind, text in [("number", "ten"), ("number", "inf"), ("number", "nan"),
+                       ("number", "1_000"), ("number", "١٢"), ("number", "0x10"),
+                       ("boolean", "maybe"), ("date", "2026-13-01")]:
         with pytest.raises(FieldError, match="^p: must be"):
             property_from_text(kind, text, "p")  # type: ignore[arg-type]
 

@@ -109,18 +109,19 @@ def check_properties(
     return to_set, to_remove
 
 
+_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def property_from_text(kind: PropertyType, text: str, field: str) -> Any:
     """A CSV cell as a value of a property of type ``kind``; FieldError naming ``field``."""
     if kind == "string":
         return check_property_value(kind, text, field)
     if kind == "number":
-        try:
-            number = int(text)
-        except ValueError:
-            try:
-                number = float(text)  # type: ignore[assignment]
-            except ValueError:
-                raise FieldError(field, f"must be a number, not {text!r}") from None
+        # ASCII decimal notation only: Python would also read "1_000", other
+        # scripts' digits ("١٢"), "inf" and "nan".
+        if not _DECIMAL.fullmatch(text.strip()):
+            raise FieldError(field, f"must be a number, not {text!r}")
+        number: int | float = float(text) if any(c in text for c in ".eE") else int(text)
         return check_property_value(kind, number, field)
     if kind == "boolean":
         return boolean_from_text(text, field)
