@@ -266,7 +266,11 @@ async def test_content_length_with_transfer_encoding_is_400_and_closes(
             f"DELETE /contacts/smuggled@example.com HTTP/1.1\r\nHost: {host}\r\n"
             f"Authorization: Bearer {acme.secret}\r\n\r\n"
         ).encode()
-        for sent in (ambiguous, ambiguous + hidden):
+        probe = (
+            f"POST /healthz HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        ).encode()
+        for sent in (ambiguous, ambiguous + hidden, probe + hidden):
             stream = await trio.open_tcp_stream(host, port)
             received = b""
             with trio.fail_after(PROBE_SECONDS):

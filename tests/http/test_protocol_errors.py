@@ -74,3 +74,30 @@ async def test_a_malformed_request_after_a_good_one_on_the_same_connection(
     second = body[body.index(b"HTTP/1.1 400"):]
     head, _, envelope = second.partition(b"\r\n\r\n")
     assert json.loads(envelope)["error"]["code"] == "BAD_REQUEST"
+
+
+async def test_a_client_gone_mid_body_after_its_answer_harms_nothing(base_url: str) -> None:
+    """Answered early (401, 404) while its chunked body was still coming, a
+    client that hangs up leaves h11 an incomplete message: no error answer
+    is sent over the response under way, and the server serves on."""
+    host, port = base_url.removeprefix("http://").rsplit(":", 1)
+    heads = [
+        b"POST /emails HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n",
+        b"POST /nope HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n",
+        b"POST /emails HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+    ]
+    for _ in range(5):
+        streams = []
+        for head in heads * 4:
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(head)
+            streams.append(stream)
+        await trio.sleep(0.3)
+        for stream in streams:
+            await stream.aclose()
+        await trio.sleep(0.2)
+    status, _, _ = await exchange(
+        base_url, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    assert status == 200

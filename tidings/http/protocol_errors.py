@@ -16,6 +16,7 @@ from itertools import chain
 
 import h11
 import hypercorn.protocol
+import trio
 from hypercorn.protocol.h11 import H11Protocol
 
 from tidings.http.envelope import error_body
@@ -33,6 +34,19 @@ class EnvelopeH11Protocol(H11Protocol):
     """Hypercorn's HTTP/1.1 protocol, with error answers in the envelope."""
 
     async def _send_error_response(self, status_code: int) -> None:
+        if self.connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            # A response is under way or sent already (an answer given before
+            # the body had arrived, whose client then hung up mid-body): there
+            # is nothing to answer, and writing now would interleave with that
+            # response's own send. The connection closes.
+            return
+        try:
+            await self._send_envelope(status_code)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError,
+                h11.LocalProtocolError):
+            pass  # the client is gone or the connection is done: nothing to tell
+
+    async def _send_envelope(self, status_code: int) -> None:
         message = MESSAGES.get(status_code, "the request cannot be processed")
         body = error_body(
             "INTERNAL_ERROR" if status_code >= 500 else "BAD_REQUEST",

@@ -100,9 +100,6 @@ class Shedder:
             await self.app(scope, receive, send)
             return
         path = _normalised(scope["path"])
-        if path in PROBES:
-            await self.app(scope, receive, send)
-            return
         length, chunked = _framing(scope)
         if length is not None and chunked:
             # The body is let in first (briefly), so the answer is sent
@@ -111,6 +108,9 @@ class Shedder:
                 while (await receive()).get("more_body", False):
                     pass
             await self._answer(send, 400, self._ambiguous)
+            return
+        if path in PROBES:
+            await self.app(scope, receive, send)
             return
         storage = path not in STORAGE_FREE
         if self.in_flight >= self.max_in_flight or (
