@@ -85,10 +85,6 @@ class Shedder:
             "SERVICE_UNAVAILABLE",
             f"the server is at capacity; retry after {RETRY_AFTER_SECONDS} s",
         )
-        # The connection is closed after a refusal: a client that would
-        # resend at once must connect again, and new connections are
-        # accepted one per turn of the event loop, so flooding clients
-        # cannot crowd out the turns the accepted requests need.
         self._ambiguous = error_body(
             "BAD_REQUEST",
             "a request with both Content-Length and Transfer-Encoding is ambiguous "
@@ -158,12 +154,15 @@ class Shedder:
         await self._answer(send, 503, self._refusal, retry=True)
 
     async def _answer(self, send: Send, status: int, body: bytes, *, retry: bool = False) -> None:
-        """An error envelope without reading the body, and the connection closed."""
+        """An error envelope, and the connection closed."""
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
-            # After a refusal the client connects again (see __init__); after an
-            # ambiguous request, what follows its body cannot be trusted.
+            # After a refusal a client that would resend at once must connect
+            # again, and new connections are accepted one per turn of the event
+            # loop, so flooding clients cannot crowd out the turns the accepted
+            # requests need. After an ambiguous request, what follows its body
+            # cannot be trusted.
             (b"connection", b"close"),
         ]
         if retry:
