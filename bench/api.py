@@ -3,10 +3,15 @@
 In one run, on the same machine and the same hypercorn settings:
 
 - ``bare``: a quart-trio app whose ``POST /contacts`` parses the body and
-  answers ``{}`` (``bench/bare.py``);
+  answers ``{}`` (``bench/bare.py``); ``bare_asgi`` the same as a plain ASGI
+  function on the same hypercorn, without Quart: what the server alone costs;
 - ``plain`` and ``idempotent``: Tidings (one worker, rate limit off), each
   request creating a contact with a unique email, the second with a fresh
   ``Idempotency-Key`` on every request;
+- ``peer_plain`` and ``peer_idempotent``: the peer reference of issue 11,
+  Starlette + uvicorn + asyncpg doing the same ``POST /contacts`` on the same
+  database, its idempotency in one transaction (``bench/peer.py``; needs the
+  ``dev`` extra);
 - ``workers_plain`` and ``workers_idempotent``: the same with
   ``tidings serve --workers N`` (``--workers``, default 2).
 
@@ -34,7 +39,15 @@ from pathlib import Path
 import httpx
 import trio
 
-from bench.harness import HarnessError, free_port, log, running_service
+from bench.harness import (
+    HarnessError,
+    Service,
+    database_url,
+    free_port,
+    log,
+    postgres_cpu,
+    running_service,
+)
 from bench.loadgen import run_load, run_wrk, wrk_available
 
 
@@ -117,10 +130,12 @@ def load(args: argparse.Namespace, host: str, port: int, token: str) -> Phase:
 
 
 def measure(
-    name: str, phase: Phase, idempotent: bool, args: argparse.Namespace, pid: int
+    name: str, phase: Phase, idempotent: bool, args: argparse.Namespace, pid: int,
+    database: Service | None = None,
 ) -> dict[str, object]:
     """One phase; also the server's CPU time per accepted request, which other
-    load on the machine changes far less than the rate."""
+    load on the machine changes far less than the rate, and with ``database``
+    that of its embedded PostgreSQL."""
     if args.warmup > 0:
         phase(f"w{name[:2]}", idempotent, args.warmup)
         # The warm-up's load generator leaves requests in flight when it
@@ -129,23 +144,30 @@ def measure(
         time.sleep(SETTLE_SECONDS)
     log(f"{name}: measuring for {args.seconds:g}s on {args.connections} connections")
     cpu = cpu_seconds(pid)
+    pg = sum(postgres_cpu(database).values()) if database else 0.0
     result = phase(name[:2], idempotent, args.seconds)
     accepted = result["accepted"]
     assert isinstance(accepted, int)
     result["server_cpu_ms_per_request"] = (
         round((cpu_seconds(pid) - cpu) * 1000 / accepted, 3) if accepted else None
     )
+    if database is not None and accepted:
+        used = sum(postgres_cpu(database).values()) - pg
+        result["postgres_cpu_ms_per_request"] = round(used * 1000 / accepted, 3)
     log(f"{name}: {result['requests_per_s']}/s, p50 {result['p50_ms']} ms, "
         f"p99 {result['p99_ms']} ms, {result['errors']} errors, "
-        f"{result['server_cpu_ms_per_request']} ms CPU a request")
+        f"{result['server_cpu_ms_per_request']} ms CPU a request"
+        + (f", PostgreSQL {result['postgres_cpu_ms_per_request']} ms"
+           if "postgres_cpu_ms_per_request" in result else ""))
     return result
 
 
 @contextmanager
-def bare_app(host: str = "127.0.0.1") -> Iterator[tuple[int, int]]:
+def side_app(module: str, *extra: str, host: str = "127.0.0.1") -> Iterator[tuple[int, int]]:
+    """A reference app (``python -m <module> --port N``) on a free port: its port and pid."""
     port = free_port(host)
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.bare", "--host", host, "--port", str(port)],
+        [sys.executable, "-m", module, "--host", host, "--port", str(port), *extra],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, env=dict(os.environ),
     )
@@ -158,7 +180,7 @@ def bare_app(host: str = "127.0.0.1") -> Iterator[tuple[int, int]]:
             except httpx.TransportError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise HarnessError("the bare app did not start")
+                raise HarnessError(f"{module} did not start")
             time.sleep(0.1)
         yield port, process.pid
     finally:
@@ -180,29 +202,46 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     loadgen = "wrk" if args.loadgen == "wrk" or (
         args.loadgen == "auto" and wrk_available()) else "trio"
     log(f"load generator: {loadgen}")
-    with bare_app() as (port, pid):
+    with side_app("bench.bare") as (port, pid):
         results["bare"] = measure(
             "bare", load(args, "127.0.0.1", port, "none"), False, args, pid
         )
+    with side_app("bench.bare", "--asgi") as (port, pid):
+        results["bare_asgi"] = measure(
+            "bare_asgi", load(args, "127.0.0.1", port, "none"), False, args, pid
+        )
     off = {"TIDINGS_RATE_LIMIT_PER_SECOND": "0"}
     with running_service(off) as service:
-        phase = load(args, service.host, service.port, service.create_token("bench"))
+        token = service.create_token("bench")
+        phase = load(args, service.host, service.port, token)
         pid = service.process.pid
-        results["plain"] = measure("plain", phase, False, args, pid)
-        results["idempotent"] = measure("idempotent", phase, True, args, pid)
+        results["plain"] = measure("plain", phase, False, args, pid, service)
+        results["idempotent"] = measure("idempotent", phase, True, args, pid, service)
         peak_rss_mb = service.peak_rss_mb()
+        # The peer works on the same database, as the same team.
+        with side_app("bench.peer", "--dsn", database_url(service)) as (port, peer_pid):
+            peer = load(args, "127.0.0.1", port, token)
+            results["peer_plain"] = measure(
+                "peer_plain", peer, False, args, peer_pid, service)
+            results["peer_idempotent"] = measure(
+                "peer_idempotent", peer, True, args, peer_pid, service)
         shutdown = service.stop()
     with running_service(off, serve_args=("--workers", str(args.workers))) as service:
         phase = load(args, service.host, service.port, service.create_token("bench"))
         pid = service.process.pid
-        results["workers_plain"] = measure("workers_plain", phase, False, args, pid)
-        results["workers_idempotent"] = measure("workers_idempotent", phase, True, args, pid)
+        results["workers_plain"] = measure(
+            "workers_plain", phase, False, args, pid, service)
+        results["workers_idempotent"] = measure(
+            "workers_idempotent", phase, True, args, pid, service)
         workers_shutdown = service.stop()
 
     rate = {name: result["requests_per_s"] for name, result in results.items()}
     vs_bare = _ratio(rate["plain"], rate["bare"])
     cost_value = _ratio(rate["idempotent"], rate["plain"])
     cost = None if cost_value is None else round((1 - cost_value) * 100, 1)
+    peer_cost_value = _ratio(rate["peer_idempotent"], rate["peer_plain"])
+    peer_cost = None if peer_cost_value is None else round((1 - peer_cost_value) * 100, 1)
+    workers_vs_peer = _ratio(rate["workers_plain"], rate["peer_plain"])
     worst_p99 = max(float(str(results[n]["p99_ms"])) for n in ("plain", "idempotent"))
     return {
         "bench": "api",
@@ -215,11 +254,17 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "idempotent_vs_bare": _ratio(rate["idempotent"], rate["bare"]),
         "workers_plain_vs_bare": _ratio(rate["workers_plain"], rate["bare"]),
         "idempotency_cost_pct": cost,
+        "workers_plain_vs_peer": workers_vs_peer,
+        "workers_plain_vs_bare_asgi": _ratio(rate["workers_plain"], rate["bare_asgi"]),
+        "plain_vs_peer": _ratio(rate["plain"], rate["peer_plain"]),
+        "peer_idempotency_cost_pct": peer_cost,
         "goals": {
             "plain_vs_bare >= 0.6": vs_bare is not None and vs_bare >= 0.6,
             "idempotency_cost_pct < 15": cost is not None and cost < 15,
             "p99_ms < 50 (one worker)": worst_p99 < 50,
             "workers_plain >= 1381/s": float(str(rate["workers_plain"])) >= 1381,
+            "workers_plain >= peer_plain (same run)": (
+                workers_vs_peer is not None and workers_vs_peer >= 1.0),
         },
         "service_peak_rss_mb": peak_rss_mb,
         "shutdown_exit_code": shutdown.exit_code,

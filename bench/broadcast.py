@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
 from datetime import datetime
@@ -35,8 +34,16 @@ import asyncpg
 import httpx
 import trio
 
-from bench.email import DOMAIN, Sink, database_url, verify_domain
-from bench.harness import HarnessError, Service, log, running_service
+from bench.email import DOMAIN, Sink, verify_domain
+from bench.harness import (
+    HarnessError,
+    Service,
+    database_url,
+    log,
+    postgres_cpu,
+    process_cpu_seconds,
+    running_service,
+)
 
 LOAD = """
 WITH made AS (
@@ -64,34 +71,6 @@ SELECT $1, c.id, 'opt_out' FROM contacts c
 JOIN generate_series($3::int + 1, $3::int + $4::int) n ON c.email = 'c' || n || '@sink.example'
 WHERE c.team_id = $2 AND (n - $3) % 4 = 3
 """
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def postgres_cpu(service: Service) -> dict[int, float]:
-    """CPU seconds of the service's embedded PostgreSQL, by process (the
-    postmaster and its children; empty with DATABASE_URL)."""
-    pids = set()
-    for pid_file in service.data_dir.rglob("postmaster.pid"):
-        pids.add(int(pid_file.read_text().split()[0]))
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry.name) in pids or int(stat[1]) in pids:
-            found[int(entry.name)] = cpu_seconds(int(entry.name))
-    return found
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -156,7 +135,7 @@ async def measure(
             "variable_bindings": {"offer": "20% off until Sunday"},
         })).json()["data"]
         before = sink.count()
-        service_cpu, pg_cpu = cpu_seconds(service.process.pid), postgres_cpu(service)
+        service_cpu, pg_cpu = process_cpu_seconds(service.process.pid), postgres_cpu(service)
         started = last_report = time.monotonic()
         response = await client.post(f"/broadcasts/{created['id']}/send")
         if response.status_code != 200:
@@ -170,7 +149,7 @@ async def measure(
                 log(f"fanout: {got['queued_count']} queued after {last_report - started:.1f}s")
             await trio.sleep(0.02)
         client_seconds = time.monotonic() - started
-        service_cpu = cpu_seconds(service.process.pid) - service_cpu
+        service_cpu = process_cpu_seconds(service.process.pid) - service_cpu
         pg_after = postgres_cpu(service)
         pg_seconds = sum(pg_after[pid] - pg_cpu.get(pid, 0.0) for pid in pg_after)
         if got["status"] != "sent":

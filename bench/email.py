@@ -44,7 +44,7 @@ import asyncpg
 import httpx
 import trio
 
-from bench.harness import HarnessError, Service, free_port, log, running_service
+from bench.harness import HarnessError, Service, database_url, free_port, log, running_service
 from bench.loadgen import PhaseResult, run_load
 
 DOMAIN = "bench.example"
@@ -211,16 +211,6 @@ class CpuMeter:
         end = self._read()
         return {f"{name}_cpu_ms_per_email": round((end[name] - self._start[name]) * 1000 / items, 3)
                 for name in end}
-
-
-def database_url(service: Service) -> str:
-    url = service.env.get("DATABASE_URL")
-    if url:
-        return url
-    import pgserver
-
-    server = pgserver.get_server(service.data_dir / "pg", cleanup_mode=None)
-    return str(server.get_uri("tidings"))
 
 
 def verify_domain(service: Service, token: str) -> None:

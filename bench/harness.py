@@ -247,3 +247,41 @@ def running_service(
         if service is not None:
             service.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def database_url(service: Service) -> str:
+    url = service.env.get("DATABASE_URL")
+    if url:
+        return url
+    import pgserver
+
+    server = pgserver.get_server(service.data_dir / "pg", cleanup_mode=None)
+    return str(server.get_uri("tidings"))
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu(service: Service) -> dict[int, float]:
+    """CPU seconds of the service's embedded PostgreSQL, by process (the
+    postmaster and its children; empty with DATABASE_URL)."""
+    pids = set()
+    for pid_file in service.data_dir.rglob("postmaster.pid"):
+        pids.add(int(pid_file.read_text().split()[0]))
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) in pids or int(stat[1]) in pids:
+            found[int(entry.name)] = process_cpu_seconds(int(entry.name))
+    return found

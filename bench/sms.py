@@ -35,8 +35,7 @@ import httpx
 import trio
 
 from bench.api import ContactRequests
-from bench.email import database_url
-from bench.harness import HarnessError, Service, log, running_service
+from bench.harness import HarnessError, Service, database_url, log, running_service
 from bench.loadgen import PhaseResult, percentile, run_load
 
 SENDER = "Bench"
