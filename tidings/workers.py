@@ -7,6 +7,9 @@ PostgreSQL as separate processes always do. This process only starts them,
 forwards SIGTERM/Ctrl-C to them once, and waits. With the embedded
 PostgreSQL it starts the server first and hands its URL to the workers, so
 they do not race to start it, and it stops the server after the last worker.
+It also hands them the data dir's sealing key (``tidings.sealing``): a
+worker given a database URL would otherwise make a key of its own, and the
+replays of responses that carry a secret would fail on the other workers.
 
 If a worker exits on its own, the others are stopped too and the command
 exits 1: a process manager then restarts the whole set.
@@ -23,6 +26,7 @@ import sys
 import trio
 
 from tidings.config import Config
+from tidings.sealing import load_key
 from tidings.storage.db import open_asyncio_bridge, resolve_url
 
 log = logging.getLogger("tidings")
@@ -61,6 +65,8 @@ def run_workers(config: Config, host: str, port: int, count: int) -> int:
     env = dict(os.environ)
     if not config.database_url:
         env["DATABASE_URL"] = trio.run(_database_url, config)
+        # Read (or made) before the URL hides the data dir from the workers.
+        env["TIDINGS_SECRET_KEY"] = load_key(config).hex()
     env[PARENT_ENV] = str(os.getpid())
     command = [
         sys.executable, "-m", "tidings", "serve", "--host", host, "--port", str(port),
