@@ -54,6 +54,27 @@ async def test_a_100_kb_header_is_431_with_the_envelope(base_url: str) -> None:
     assert "16384 bytes" in message
 
 
+async def test_the_16_kib_limit_holds_for_a_head_that_arrives_at_once(base_url: str) -> None:
+    """h11 only limits a head still incomplete in its buffer; a 17 KiB head sent
+    in one write used to be served."""
+
+    def request(size: int) -> bytes:
+        start = b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\nX-Pad: "
+        pad = size - len(start) - len(b"\r\n\r\n")
+        return start + b"x" * pad + b"\r\n\r\n"
+
+    assert len(request(16384)) == 16384
+    status, _, _ = await exchange(base_url, request(16384))
+    assert status == 200
+    for size in (16385, 17_000, 40_000, 65_000):
+        message = assert_envelope(*await exchange(base_url, request(size)), expected=431)
+        assert "16384 bytes" in message
+    # Many headers that add up past the limit count the same.
+    many = b"GET /healthz HTTP/1.1\r\nHost: a\r\n" + b"".join(
+        b"X-H%d: %s\r\n" % (n, b"y" * 1000) for n in range(20)) + b"\r\n"
+    assert_envelope(*await exchange(base_url, many), expected=431)
+
+
 async def test_a_malformed_header_line_is_400_with_the_envelope(base_url: str) -> None:
     request = b"GET /healthz HTTP/1.1\r\nHost: a\r\nthis line has no colon\r\n\r\n"
     assert_envelope(*await exchange(base_url, request), expected=400)

@@ -17,6 +17,7 @@ from itertools import chain
 import h11
 import hypercorn.protocol
 import trio
+from hypercorn.events import Closed
 from hypercorn.protocol.h11 import H11Protocol
 
 from tidings.http.envelope import error_body
@@ -30,8 +31,27 @@ MESSAGES = {
 }
 
 
+def head_size(request: h11.Request) -> int:
+    """The bytes of the request line and header lines, as sent without extra spaces."""
+    line = len(request.method) + len(request.target) + len(b"  HTTP/1.1\r\n")
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers) + 2
+
+
 class EnvelopeH11Protocol(H11Protocol):
-    """Hypercorn's HTTP/1.1 protocol, with error answers in the envelope."""
+    """Hypercorn's HTTP/1.1 protocol, with error answers in the envelope, and
+    the limit on the request's head kept however the head arrived.
+
+    h11 applies ``h11_max_incomplete_size`` only to a head still incomplete in
+    its buffer, so a larger head that arrives in one read passed; the limit is
+    checked again on the whole head here.
+    """
+
+    async def _create_stream(self, request: h11.Request) -> None:
+        if head_size(request) > self.config.h11_max_incomplete_size:
+            await self._send_error_response(431)
+            await self.send(Closed())
+            return  # no stream: the loop reading this connection stops
+        await super()._create_stream(request)
 
     async def _send_error_response(self, status_code: int) -> None:
         if self.connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
