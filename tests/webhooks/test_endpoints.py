@@ -267,6 +267,19 @@ async def test_event_types_are_the_catalogue(client: httpx.AsyncClient) -> None:
     assert all(item["description"] for item in listed["data"])
 
 
+async def test_event_types_are_paged_like_every_list(client: httpx.AsyncClient) -> None:
+    first = (await client.get("/event-types?limit=5")).json()["data"]
+    assert [item["name"] for item in first["data"]] == list(EVENT_TYPES)[:5]
+    assert first["has_more"] is True
+    rest = (await client.get("/event-types?limit=100&offset=5")).json()["data"]
+    assert [item["name"] for item in rest["data"]] == list(EVENT_TYPES)[5:]
+    assert rest["has_more"] is False
+    for bad, field in (("limit=0", "limit"), ("limit=2.5", "limit"), ("offset=-5", "offset"),
+                       ("bogus=1", "bogus")):
+        message = assert_error(await client.get(f"/event-types?{bad}"), 400, "BAD_REQUEST")
+        assert field in message
+
+
 async def test_events_are_listed_filtered_and_fetched(
     client: httpx.AsyncClient, emit: Emit
 ) -> None:
