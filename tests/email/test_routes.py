@@ -110,6 +110,10 @@ async def test_list_filters_by_status_to_and_dates(client: httpx.AsyncClient) ->
     assert [e["id"] for e in after] == [second]
     before = ok(await client.get("/emails", params={"end_date": created}))["data"]
     assert {e["id"] for e in before} == {first, second}
+    # Kept to microseconds: a start 1 ns after the creation excludes it.
+    assert created.endswith("Z") and len(created) == len("2026-01-01T00:00:00.123456Z")
+    one_ns_later = created[:-1] + "001Z"
+    assert ok(await client.get("/emails", params={"start_date": one_ns_later}))["data"] == []
     assert ok(await client.get("/emails", params={"end_date": "2000-01-01T00:00:00Z"}))[
         "data"
     ] == []

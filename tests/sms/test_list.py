@@ -106,6 +106,20 @@ async def test_dates_are_inclusive_and_take_offsets(four: httpx.AsyncClient) -> 
     assert bodies(same) == ["Your code is 1234"]
 
 
+async def test_a_start_finer_than_microseconds_excludes_what_came_before(
+    four: httpx.AsyncClient,
+) -> None:
+    """Times are kept to microseconds: a start 1 ns after a message's creation
+    must not list it (a client paging by "last seen + 1 ns" would see it twice)."""
+    end = "2024-03-10T13:30:00Z"  # "Order SHIPPED" was created at 13:00:00Z
+    assert await listed(four, start_date="2024-03-10T13:00:00.000000001Z", end_date=end) == []
+    assert bodies(await listed(four, start_date="2024-03-10T13:00:00.000000000Z",
+                               end_date=end)) == ["Order SHIPPED"]
+    # The same nanosecond as start and end is no inverted range: 200, nothing in it.
+    moment = "2024-03-10T14:00:00.000000500Z"
+    assert await listed(four, start_date=moment, end_date=moment) == []
+
+
 @pytest.mark.parametrize(
     "params",
     [

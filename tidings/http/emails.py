@@ -26,7 +26,7 @@ from tidings.http.emails_input import (
     template_ref,
 )
 from tidings.http.envelope import ApiError, bad_request, conflict, not_found, unprocessable
-from tidings.http.models import ListQuery, Moment, RequestBody
+from tidings.http.models import CreatedRangeQuery, Moment, RequestBody
 from tidings.http.paging import MAX_LIMIT, QueryInt
 from tidings.http.routing import Call, Routes
 from tidings.rendering import RenderError, render
@@ -101,13 +101,11 @@ class EmailList(BaseModel):
     has_more: bool
 
 
-class EmailQuery(ListQuery):
+class EmailQuery(CreatedRangeQuery):
     status: Status | None = None
     to: str | None = Field(
         None, min_length=1, max_length=320, description="A recipient in `to`; case-insensitive"
     )
-    start_date: Moment | None = Field(None, description="Created at or after (RFC 3339)")
-    end_date: Moment | None = Field(None, description="Created at or before (RFC 3339)")
 
 
 class EventQuery(BaseModel):
@@ -275,7 +273,7 @@ async def list_emails(call: Call, query: EmailQuery) -> dict[str, Any]:
     if query.start_date and query.end_date and query.end_date < query.start_date:
         raise bad_request("invalid query: end_date: must not precede start_date")
     where = manage.EmailFilter(
-        status=query.status, to=query.to, start=query.start_date, end=query.end_date
+        status=query.status, to=query.to, start=query.starts_from, end=query.end_date
     )
     found = await manage.list_emails(call.conn, call.team_id, where, query.limit + 1, query.offset)
     return {

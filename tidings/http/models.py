@@ -7,10 +7,20 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from tidings.fields import refuse_unstorable
 from tidings.http.paging import Paging
@@ -67,6 +77,38 @@ Moment = Annotated[datetime, BeforeValidator(moment)]
 
 class ListQuery(Paging):
     """Paging and a list route's filters (which Paging keeps free of NUL characters)."""
+
+
+def finer_than_microseconds(value: str) -> bool:
+    """Whether the RFC 3339 ``value`` has non-zero digits past the microsecond."""
+    found = _DATE_TIME.fullmatch(_SPACED_OFFSET.sub(r"\1+\2", value.strip()))
+    return found is not None and (found.group(3) or "")[6:].strip("0") != ""
+
+
+class CreatedRangeQuery(ListQuery):
+    """A list filtered by creation time: ``start_date`` inclusive, ``end_date``
+    inclusive. Times are kept to microseconds; a ``start_date`` with finer
+    digits counts from the next microsecond (``starts_from``), so nothing
+    created before it is listed. ``start_date`` itself keeps the moment cut
+    to the microsecond, for the check that the end does not precede it."""
+
+    start_date: Moment | None = Field(None, description="Created at or after (RFC 3339)")
+    end_date: Moment | None = Field(None, description="Created at or before (RFC 3339)")
+    _starts_from: datetime | None = PrivateAttr(None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _start_at_or_after(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        query = handler(data)
+        query._starts_from = query.start_date
+        raw = data.get("start_date") if isinstance(data, dict) else None
+        if query.start_date is not None and isinstance(raw, str) and finer_than_microseconds(raw):
+            query._starts_from = query.start_date + timedelta(microseconds=1)
+        return query
+
+    @property
+    def starts_from(self) -> datetime | None:
+        return self._starts_from
 
 
 class Resource(BaseModel):

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, RootModel
 
 from tidings.http.envelope import bad_request
-from tidings.http.models import ListQuery, Moment
+from tidings.http.models import CreatedRangeQuery, Moment
 from tidings.http.routing import Call, Routes
 from tidings.http.sms_models import SmsOut
 from tidings.providers.sms import SmsStatus
@@ -24,7 +24,7 @@ from tidings.storage import sms_list as store
 
 routes = Routes("SMS")
 
-class SmsQuery(ListQuery):
+class SmsQuery(CreatedRangeQuery):
     status: SmsStatus | None = Field(None, description="Exact, on the normalized status")
     sender: str | None = Field(None, min_length=1, max_length=32, description="Exact, on `from`")
     start_date: Moment | None = Field(
@@ -55,7 +55,7 @@ async def list_sms(call: Call, query: SmsQuery) -> list[dict[str, Any]]:
     if query.start_date and query.end_date and query.end_date < query.start_date:
         raise bad_request("invalid query: end_date: must not precede start_date")
     where = store.SmsFilter(
-        status=query.status, sender=query.sender, start=query.start_date,
+        status=query.status, sender=query.sender, start=query.starts_from,
         end=query.end_date, search=query.search,
     )
     found = await store.list_sms(call.conn, call.team_id, where, query.limit, query.offset)
