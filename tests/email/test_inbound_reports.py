@@ -82,7 +82,7 @@ async def test_dsn_bounces_and_suppresses(
     assert len(bounced) == 1
     assert "User unknown" in str(bounced[0])
     assert any(e["type"] == "delivery_delayed" for e in found)
-    assert await suppressions(client) == {"gone@example.org": "hard_bounce"}
+    assert await suppressions(client) == {"gone@example.org": "bounce"}
 
 
 async def test_arf_complaint_suppresses(
@@ -173,5 +173,5 @@ async def test_nul_and_8bit_fields_in_a_report_are_answered_not_500(
     answer = ok(await post_report(http, international))
     assert answer["reports"][0]["recipient"] == "gön@example.org"
     assert answer["reports"][0]["recorded"] is False
-    assert await suppressions(client) == {"gone@example.org": "hard_bounce"}
+    assert await suppressions(client) == {"gone@example.org": "bounce"}
     assert [e["type"] for e in await events(client, email_id)].count("bounced") == 1

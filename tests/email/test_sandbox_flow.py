@@ -68,7 +68,7 @@ async def test_each_recipient_gets_its_scripted_outcome(client: httpx.AsyncClien
 
     listed = ok(await client.get("/suppressions"))["data"]
     assert {(s["address"], s["reason"]) for s in listed} == {
-        ("bounced@example.com", "hard_bounce"), ("complained+7@example.com", "complaint"),
+        ("bounced@example.com", "bounce"), ("complained+7@example.com", "complaint"),
     }
     # The suppressed address is not sent to again: the email is accepted, the
     # recipient gets a suppressed event, and nothing is sent.

@@ -90,7 +90,7 @@ async def test_a_refusal_at_rcpt_is_a_bounce_and_suppresses(
     bounced = next(e for e in found if e["type"] == "bounced")
     assert bounced["code"] == "550" and "no such user" in bounced["message"]
     [suppression] = ok(await client.get("/suppressions"))["data"]
-    assert (suppression["address"], suppression["reason"]) == ("gone@example.com", "hard_bounce")
+    assert (suppression["address"], suppression["reason"]) == ("gone@example.com", "bounce")
     assert [m.recipients for m in sink.messages] == [["ada@example.com"]]
 
 

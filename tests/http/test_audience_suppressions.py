@@ -19,11 +19,11 @@ async def suppress(client: httpx.AsyncClient, address: str, **more: Any) -> dict
 
 async def test_addresses_are_normalised_and_unique(client: httpx.AsyncClient) -> None:
     message_id = str(uuid.uuid4())
-    email = await suppress(client, " Ada@Example.COM ", reason="hard_bounce",
+    email = await suppress(client, " Ada@Example.COM ", reason="bounce",
                            source_message_id=message_id)
     assert email["object"] == "suppression"
     assert (email["address"], email["kind"], email["reason"], email["source_message_id"]) == (
-        "ada@example.com", "email", "hard_bounce", message_id
+        "ada@example.com", "email", "bounce", message_id
     )
     phone = await suppress(client, "+44 20 7946 0958", reason="sms_opt_out")
     assert (phone["address"], phone["kind"], phone["source_message_id"]) == (
@@ -56,7 +56,7 @@ async def test_suppression_refusals(client: httpx.AsyncClient) -> None:
 
 
 async def test_list_filter_get_delete(client: httpx.AsyncClient) -> None:
-    bounce = await suppress(client, "bounce@example.com", reason="hard_bounce")
+    bounce = await suppress(client, "bounce@example.com", reason="bounce")
     complaint = await suppress(client, "angry@example.org", reason="complaint")
     phone = await suppress(client, "+14155550100", reason="sms_opt_out")
 

@@ -43,3 +43,30 @@ async def test_concurrent_starts_apply_each_migration_once(empty_database: str) 
         assert [r["version"] for r in rows] == [m.version for m in load_migrations()]
         # And a later start has nothing to do.
         assert await migrate(conn) == []
+
+
+async def test_hard_bounce_suppressions_become_bounce(
+    empty_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 0018 renames the reason to CONTRACT §7's `bounce`, rows included."""
+    import tidings.storage.migrate as migrate_module
+
+    everything = load_migrations()
+    monkeypatch.setattr(migrate_module, "load_migrations",
+                        lambda: [m for m in everything if m.version < 18])
+    async with triopg.connect(empty_database) as conn:
+        await migrate(conn)
+        team = await conn.fetchval("INSERT INTO teams (name) VALUES ('acme') RETURNING id")
+        await conn.execute(
+            "INSERT INTO suppressions (team_id, address, kind, reason) VALUES "
+            "($1, 'gone@example.com', 'email', 'hard_bounce'), "
+            "($1, 'angry@example.com', 'email', 'complaint')", team)
+        monkeypatch.setattr(migrate_module, "load_migrations", lambda: everything)
+        assert "0018_suppression_reason_bounce" in await migrate(conn)
+        rows = await conn.fetch("SELECT address, reason FROM suppressions ORDER BY address")
+        assert [(r["address"], r["reason"]) for r in rows] == [
+            ("angry@example.com", "complaint"), ("gone@example.com", "bounce")]
+        with pytest.raises(Exception, match="suppressions_reason_check"):
+            await conn.execute(
+                "INSERT INTO suppressions (team_id, address, kind, reason) VALUES "
+                "($1, 'x@example.com', 'email', 'hard_bounce')", team)

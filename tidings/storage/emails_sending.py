@@ -34,7 +34,7 @@ from tidings.storage.suppressions import Reason, suppress_emails
 __all__ = ["DUE_CHANNEL"]
 
 # Outcomes that put the address on the team's suppression list.
-SUPPRESSING: dict[str, Reason] = {"bounced": "hard_bounce", "complained": "complaint"}
+SUPPRESSING: dict[str, Reason] = {"bounced": "bounce", "complained": "complaint"}
 
 LEASES = lease_sql(
     "emails",

@@ -18,8 +18,8 @@ from uuid import UUID
 from tidings.storage.connection import Connection, returned
 from tidings.storage.errors import unique
 
-Reason = Literal["hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out"]
-REASONS: tuple[str, ...] = ("hard_bounce", "complaint", "unsubscribe", "manual", "sms_opt_out")
+Reason = Literal["bounce", "complaint", "unsubscribe", "manual", "sms_opt_out"]
+REASONS: tuple[str, ...] = ("bounce", "complaint", "unsubscribe", "manual", "sms_opt_out")
 Kind = Literal["email", "phone"]
 
 COLUMNS = "id, team_id, address, kind, reason, source_message_id, created_at"
