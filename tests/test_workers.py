@@ -93,3 +93,86 @@ async def test_workers_on_the_embedded_database_replay_sealed_responses(tmp_path
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(15):
             await process.wait()
+
+
+async def test_workers_refuse_a_taken_port_and_finish_slow_requests_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """A second set of workers does not join the first one's port (SO_REUSEPORT
+    would split its traffic between two services); on SIGTERM a request in
+    flight longer than 10 s still finishes within the grace, and the set exits 0."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = service_env(tmp_path / "data")
+    command = [
+        sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "2",
+    ]
+    process = await trio.lowlevel.open_process(command, env=env, stderr=subprocess.DEVNULL)
+    try:
+        await wait_healthy(url, process)
+        with trio.fail_after(60):
+            second = await trio.run_process(
+                command, env=service_env(tmp_path / "other"), capture_stderr=True, check=False)
+        assert second.returncode == 1
+        assert f"cannot listen on 127.0.0.1:{port}" in second.stderr.decode()
+
+        created = await trio.run_process(
+            [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
+            env=env, capture_stdout=True,
+        )
+        token = json.loads(created.stdout)["token"]
+        body = b'{"email": "slow@example.com"}'
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(
+            b"POST /contacts HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + token.encode() + b"\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        # The body trickles in over about 12 s; the signal comes after 1 s.
+        pause = 12 / len(body)
+        for index, byte in enumerate(body):
+            if index == round(1 / pause):
+                process.send_signal(signal.SIGTERM)
+            await stream.send_all(bytes([byte]))
+            await trio.sleep(pause)
+        with trio.fail_after(10):
+            answer = await stream.receive_some(65536)
+        assert answer.startswith(b"HTTP/1.1 201"), answer
+        await stream.aclose()
+        with trio.fail_after(15):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def children(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+
+
+async def test_workers_stopped_while_starting_exit_0(tmp_path: Path) -> None:
+    """SIGTERM while the embedded database starts, or just after the workers
+    were started, stops everything cleanly: exit status 0."""
+    command = [
+        sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1",
+        "--port", str(free_port()), "--workers", "2",
+    ]
+    moments = {
+        "while the database starts": lambda pid, data: any(data.rglob("postmaster.pid")),
+        "as the workers start": lambda pid, data: len(children(pid)) >= 2,
+    }
+    for number, (moment, reached) in enumerate(moments.items()):
+        data = tmp_path / f"data{number}"
+        process = await trio.lowlevel.open_process(
+            command, env=service_env(data), stderr=subprocess.DEVNULL)
+        with trio.fail_after(60):
+            while not reached(process.pid, data):
+                await trio.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            assert await process.wait() == 0, f"SIGTERM {moment}"

@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import trio
 
@@ -33,8 +35,10 @@ log = logging.getLogger("tidings")
 
 # A worker polls for this parent and stops when it is gone.
 PARENT_ENV = "TIDINGS_WORKER_PARENT"
-# Workers drain within 9.5 s of the signal (tidings.cli); then they are killed.
-STOP_SECONDS = 10.5
+# What a worker gets after the signal beyond its grace for requests in
+# flight: its actors' stop (tidings.cli.ACTOR_STOP_SECONDS) and a margin.
+STOP_MARGIN_SECONDS = 6.5
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 async def _database_url(config: Config) -> str:
@@ -42,26 +46,59 @@ async def _database_url(config: Config) -> str:
         return await resolve_url(config)
 
 
-def _stop(workers: list[subprocess.Popen[bytes]]) -> bool:
-    """SIGTERM each worker once; kill what outlives STOP_SECONDS. True if all exited 0."""
+def refuse_taken_port(host: str, port: int) -> None:
+    """OSError (EADDRINUSE) when something listens on ``host:port`` already.
+
+    The workers bind with ``SO_REUSEPORT``, which would let them join the
+    sockets of another set of workers on the same port and split its
+    traffic between two services; a plain bind first finds the port taken.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.bind(address)
+
+
+def _stop(workers: list[subprocess.Popen[bytes]], seconds: float) -> bool:
+    """SIGTERM each worker once; kill what outlives ``seconds``. True if all
+    stopped cleanly: exit status 0, or ended by that SIGTERM before they
+    had set up their own handling (while starting, with nothing in flight)."""
     for worker in workers:
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
     clean = True
+    deadline = time.monotonic() + seconds
     for worker in workers:
         try:
-            code = worker.wait(STOP_SECONDS)
+            code = worker.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log.warning("worker %d still running after %.1f s: killing it", worker.pid,
-                        STOP_SECONDS)
+            log.warning("worker %d still running %.1f s after the signal: killing it",
+                        worker.pid, seconds)
             worker.kill()
             code = worker.wait()
-        clean = clean and code == 0
+        clean = clean and code in (0, -signal.SIGTERM)
     return clean
 
 
 def run_workers(config: Config, host: str, port: int, count: int) -> int:
     """Run ``count`` workers until a signal (exit status 0) or a worker's own exit (1)."""
+    received: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    # From the start, so that a signal while the workers start still stops
+    # them cleanly. exec() resets a handled signal, so workers keep their own.
+    previous = {each: signal.signal(each, note) for each in SIGNALS}
+    try:
+        return _supervise(config, host, port, count, received)
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
+def _supervise(config: Config, host: str, port: int, count: int, received: list[int]) -> int:
+    refuse_taken_port(host, port)
     env = dict(os.environ)
     if not config.database_url:
         env["DATABASE_URL"] = trio.run(_database_url, config)
@@ -78,22 +115,20 @@ def run_workers(config: Config, host: str, port: int, count: int) -> int:
         subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         for _ in range(count)
     ]
-    # Blocked only now: the workers must not inherit the blocked mask.
-    signals = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    stop_seconds = config.shutdown_grace_seconds + STOP_MARGIN_SECONDS
     log.info("started %d workers: %s", count, ", ".join(str(w.pid) for w in workers))
     while True:
-        received = signal.sigtimedwait(signals, 0.5)
-        if received is not None:
-            log.info("%s received: stopping %d workers", signal.Signals(received.si_signo).name,
+        if received:
+            log.info("%s received: stopping %d workers", signal.Signals(received[0]).name,
                      count)
-            return 0 if _stop(workers) else 1
+            return 0 if _stop(workers, stop_seconds) else 1
         ended = [worker for worker in workers if worker.poll() is not None]
         if ended:
             log.error("worker %d exited with %d: stopping the others", ended[0].pid,
                       ended[0].returncode)
-            _stop(workers)
+            _stop(workers, stop_seconds)
             return 1
+        time.sleep(0.2)  # a signal runs ``note``; the next turn sees it
 
 
 async def watch_parent(stop: trio.Event) -> None:
