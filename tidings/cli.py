@@ -10,7 +10,9 @@ import argparse
 import errno
 import json
 import logging
+import math
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +25,8 @@ import trio
 from tidings import __version__, importing
 from tidings.app import serve
 from tidings.config import Config, SettingError
+from tidings.config_values import MAX_BIGINT, shown_url
+from tidings.http.tokens import TEN_YEARS
 from tidings.logging_setup import configure_logging
 from tidings.permissions import ALL_PERMISSIONS, unknown_permissions
 from tidings.storage import quotas as quota_store
@@ -120,6 +124,19 @@ def quota_limit(raw: str) -> int | None:
         raise argparse.ArgumentTypeError(message) from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 (unlimited) or more, not {value}")
+    if value > MAX_BIGINT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_BIGINT}, not {value}")
+    return value
+
+
+def port_number(raw: str) -> int:
+    """``--port``: 0 (any free port) to 65535."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, not {raw!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0 to 65535, not {value}")
     return value
 
 
@@ -138,10 +155,12 @@ async def manage_quotas(config: Config, args: argparse.Namespace) -> dict[str, o
         raise SystemExit(f"tidings: --team: {error}") from None
     async with open_database(config) as db, db.transaction() as conn:
         team_id = await quota_store.team_by_name(conn, team)
-        if team_id is None:
-            raise SystemExit(f"tidings: no team {team!r}")
-        await quota_store.set_limits(conn, team_id, changes)
-        statuses = await quota_store.quota_status(conn, team_id, config.quotas)
+        if team_id is not None:
+            await quota_store.set_limits(conn, team_id, changes)
+            statuses = await quota_store.quota_status(conn, team_id, config.quotas)
+    # Not inside the database's nursery: there it would come out in an ExceptionGroup.
+    if team_id is None:
+        raise SystemExit(f"tidings: no team {team!r}")
     shown: dict[str, object] = {"team_id": str(team_id), "team": team}
     for status in statuses:
         name = f"{'emails' if status.channel == 'email' else 'sms'}_per_{status.period}"
@@ -169,7 +188,8 @@ def parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
     )
     run.add_argument(
-        "--port", type=int, default=8080, help="port to listen on (default: %(default)s)"
+        "--port", type=port_number, default=8080,
+        help="port to listen on, 0 to 65535 (default: %(default)s)",
     )
     run.add_argument(
         "--workers", type=int, default=1, metavar="N",
@@ -278,7 +298,18 @@ def where_the_database_is(config: Config) -> str:
         return f"the embedded PostgreSQL in {config.data_dir} (TIDINGS_DATA_DIR)"
     parts = urlsplit(config.database_url)
     shown = parts._replace(netloc=parts.netloc.rpartition("@")[2])
-    return f"{urlunsplit(shown)} (DATABASE_URL)"
+    return f"{shown_url(urlunsplit(shown))} (DATABASE_URL)"
+
+
+def check_listen_address(host: str, port: int) -> None:
+    """``--host`` names an address to listen on; before the database is opened,
+    so that a bad one is never reported as a database failure."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as error:
+        strerror = error.strerror if isinstance(error, OSError) else None
+        reason = strerror or " ".join(str(error).split()) or type(error).__name__
+        raise SystemExit(f"tidings: cannot listen on {host}:{port}: {reason}") from None
 
 
 def run_command(args: argparse.Namespace, config: Config) -> None:
@@ -297,14 +328,20 @@ def run_command(args: argparse.Namespace, config: Config) -> None:
     elif args.command == "serve":
         if args.workers < 1:
             raise SystemExit("tidings: --workers must be at least 1")
+        check_listen_address(args.host, args.port)
         if args.workers > 1:
             raise SystemExit(run_workers(config, args.host, args.port, args.workers))
         trio.run(run_until_signal, config, args.host, args.port, args.reuse_port)
     elif args.command == "quotas":
         print(json.dumps(trio.run(manage_quotas, config, args)), flush=True)
     elif args.tokens_command == "create":
-        if args.expires_in is not None and args.expires_in <= 0:
-            raise SystemExit("tidings: --expires-in must be positive")
+        if args.expires_in is not None and not (
+            math.isfinite(args.expires_in) and 0 < args.expires_in <= TEN_YEARS
+        ):
+            raise SystemExit(
+                f"tidings: --expires-in must be positive seconds, at most {TEN_YEARS} "
+                "(ten years)"
+            )
         try:
             args.team = token_store.check_team_name(args.team)
         except ValueError as error:
@@ -328,6 +365,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as error:
+        # A command's SystemExit that came out of a nursery, in an ExceptionGroup.
+        exits = [leaf for leaf in _leaves(error) if isinstance(leaf, SystemExit)]
+        if exits:
+            raise exits[0] from None
         busy = listen_failure(error) if args.command == "serve" else None
         if busy is not None:
             raise SystemExit(f"tidings: cannot listen on {args.host}:{args.port}: {busy}") from None

@@ -10,6 +10,7 @@ from pathlib import Path
 from tidings.config_values import (
     LOG_FORMATS,
     LOG_LEVELS,
+    MAX_INT,
     QuotaDefaults,
     SettingError,
     SmtpUrl,
@@ -147,7 +148,9 @@ class Config:
             import_max_body_bytes=_int(
                 env, "TIDINGS_IMPORT_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024
             ),
-            rate_limit_per_second=_float(env, "TIDINGS_RATE_LIMIT_PER_SECOND", 100.0),
+            rate_limit_per_second=_float(
+                env, "TIDINGS_RATE_LIMIT_PER_SECOND", 100.0, maximum=MAX_INT
+            ),
             rate_limit_burst=_int(env, "TIDINGS_RATE_LIMIT_BURST", 200, minimum=1),
             max_in_flight=_int(env, "TIDINGS_MAX_IN_FLIGHT", 64, minimum=1),
             max_db_waiters=_int(env, "TIDINGS_MAX_DB_WAITERS", 10, minimum=0),

@@ -7,21 +7,36 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, parse_qsl, unquote, urlsplit
+
+import idna
 
 from tidings.email.names import domain_name
 
 StartTls = Literal["require", "auto", "off"]
+
+# The most a number setting may be: PostgreSQL's integer for counts and sizes;
+# for seconds, a century, which every interval and timestamp it is added to holds.
+MAX_INT = 2**31 - 1
+MAX_SECONDS = 100 * 365 * 86400
+# PostgreSQL's bigint: the quota columns.
+MAX_BIGINT = 2**63 - 1
+# A label of a host name in a URL (underscores too: container and service names).
+HOST_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
 class SettingError(ValueError):
     """A setting has a value Tidings cannot use."""
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+def _int(
+    env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int = MAX_INT
+) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -31,10 +46,18 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
         raise SettingError(f"{name} must be an integer, not {raw!r}") from None
     if value < minimum:
         raise SettingError(f"{name} must be at least {minimum}, not {value}")
+    if value > maximum:
+        raise SettingError(f"{name} must be at most {maximum}, not {raw.strip()!r}")
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0) -> float:
+def _float(
+    env: Mapping[str, str],
+    name: str,
+    default: float,
+    minimum: float = 0,
+    maximum: float = MAX_SECONDS,
+) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -42,8 +65,12 @@ def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0
         value = float(raw)
     except ValueError:
         raise SettingError(f"{name} must be a number, not {raw!r}") from None
+    if not math.isfinite(value):
+        raise SettingError(f"{name} must be a finite number, not {raw!r}")
     if value < minimum:
         raise SettingError(f"{name} must be at least {minimum}, not {value}")
+    if value > maximum:
+        raise SettingError(f"{name} must be at most {maximum:.15g}, not {raw.strip()!r}")
     return value
 
 
@@ -67,8 +94,10 @@ def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> 
         values = tuple(float(part) for part in raw.split(","))
     except ValueError:
         raise SettingError(f"{name} must be comma-separated seconds, not {raw!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise SettingError(f"{name} must list one or more non-negative seconds")
+    if not values or not all(0 <= v <= MAX_SECONDS for v in values):
+        raise SettingError(
+            f"{name} must list one or more seconds from 0 to {MAX_SECONDS}, not {raw!r}"
+        )
     return values
 
 
@@ -95,6 +124,27 @@ def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str,
     return next(choice for choice in choices if choice.lower() == value.lower())
 
 
+def shown_url(raw: str) -> str:
+    """``raw`` as a message may show it: a password (``user:password@``, or a
+    ``password``/``sslpassword`` parameter) becomes ``***``. Works on any text,
+    URL or not."""
+    scheme, separator, rest = raw.partition("://")
+    if not separator:
+        scheme, rest = "", raw
+    userinfo, at, after = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.partition(':')[0]}:***@{after}"
+    rest = re.sub(r"(?i)(password=)[^&#]*", r"\1***", rest)
+    return f"{scheme}{separator}{rest}"
+
+
+def _port(text: str) -> int | None:
+    """A URL's port, 1 to 65535; None when the text is not one."""
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        return None
+    return int(text)
+
+
 def _database_url(env: Mapping[str, str]) -> str | None:
     raw = (env.get("DATABASE_URL") or "").strip()
     if not raw:
@@ -103,8 +153,29 @@ def _database_url(env: Mapping[str, str]) -> str | None:
     if scheme not in ("postgresql", "postgres"):
         raise SettingError(
             "DATABASE_URL must be a postgresql://user:password@host:port/database URL, "
-            f"not {scheme + '://...' if scheme else repr(raw[:40])}"
+            f"not {scheme + '://...' if scheme else repr(shown_url(raw)[:40])}"
         )
+    try:
+        parts = urlsplit(raw)
+        query = parse_qs(parts.query, strict_parsing=True) if parts.query else {}
+    except ValueError as error:
+        raise SettingError(f"DATABASE_URL is not a URL ({error}): {shown_url(raw)!r}") from None
+    # The host list as asyncpg reads it: host[:port] or [ipv6][:port], comma-separated.
+    hosts = parts.netloc.partition("@")[2] if "@" in parts.netloc else parts.netloc
+    ports = [p for values in query.get("port", []) for p in values.split(",")]
+    for spec in hosts.split(",") if hosts else []:
+        if spec.startswith("["):
+            found = re.match(r"\[[^\]]+\](?::(.*))?$", spec)
+            if found is None:
+                raise SettingError(f"DATABASE_URL has a bad host: {spec!r}")
+            ports.append(unquote(found.group(1) or ""))
+        elif not spec:
+            raise SettingError(f"DATABASE_URL has an empty host in {shown_url(raw)!r}")
+        elif not spec.startswith("/"):
+            ports.append(unquote(spec.partition(":")[2]))
+    for text in ports:
+        if text and _port(text) is None:
+            raise SettingError(f"DATABASE_URL has a bad port: {text!r} (1 to 65535)")
     return raw
 
 
@@ -127,17 +198,53 @@ class SmtpUrl:
     password: str | None = field(default=None, repr=False)
 
 
-def parse_smtp_url(raw: str, name: str = "TIDINGS_SMTP_URL") -> SmtpUrl:
-    shape = "smtp://[user:password@]host[:port][?starttls=require|auto|off] or smtps://..."
-    parts = urlsplit(raw.strip())
-    if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
-        raise SettingError(f"{name} must look like {shape}, not {raw!r}")
+def _split_url(raw: str, name: str) -> tuple[SplitResult, int | None]:
+    """A URL setting's parts and port; its host, when it has one, is an IP
+    address or a host name. Messages never show the URL's password."""
+    shown = shown_url(raw)
+    if any(char.isspace() or not char.isprintable() for char in raw):
+        raise SettingError(f"{name} must not contain spaces or control characters: {shown!r}")
+    try:
+        parts = urlsplit(raw)
+    except ValueError as error:
+        raise SettingError(f"{name} is not a URL ({error}): {shown!r}") from None
     try:
         port = parts.port
     except ValueError:
-        raise SettingError(f"{name} has a bad port: {raw!r}") from None
+        port = 0
+    if port == 0:
+        raise SettingError(f"{name} has a bad port: {shown!r}")
+    hostname = parts.hostname
+    if hostname and not _url_host(hostname):
+        raise SettingError(f"{name} has a bad host name {hostname!r}: {shown!r}")
+    return parts, port
+
+
+def _url_host(hostname: str) -> bool:
+    """Whether a URL's host is an IP address or a host name."""
+    try:
+        ipaddress.ip_address(hostname)
+    except ValueError:
+        pass
+    else:
+        return True
+    try:
+        name = hostname if hostname.isascii() else idna.encode(hostname, uts46=True).decode()
+    except UnicodeError:
+        return False
+    labels = name.removesuffix(".").split(".")
+    return len(name) <= 253 and all(HOST_LABEL.match(label) for label in labels)
+
+
+def parse_smtp_url(raw: str, name: str = "TIDINGS_SMTP_URL") -> SmtpUrl:
+    shape = "smtp://[user:password@]host[:port][?starttls=require|auto|off] or smtps://..."
+    raw = raw.strip()
+    shown = shown_url(raw)
+    parts, port = _split_url(raw, name)
+    if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
+        raise SettingError(f"{name} must look like {shape}, not {shown!r}")
     if parts.path not in ("", "/") or parts.fragment:
-        raise SettingError(f"{name} must not have a path or fragment: {raw!r}")
+        raise SettingError(f"{name} must not have a path or fragment: {shown!r}")
     implicit = parts.scheme == "smtps"
     starttls: StartTls = "off" if implicit else "auto"
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
@@ -196,15 +303,12 @@ def _http_url(env: Mapping[str, str], name: str, default: str) -> str:
     raw = (env.get(name) or "").strip()
     if not raw:
         return default
-    parts = urlsplit(raw)
-    try:
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError:
-        raise SettingError(f"{name} has a bad port: {raw!r}") from None
+    shown = shown_url(raw)
+    parts, _ = _split_url(raw, name)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SettingError(f"{name} must be an http:// or https:// URL, not {raw!r}")
+        raise SettingError(f"{name} must be an http:// or https:// URL, not {shown!r}")
     if parts.query or parts.fragment:
-        raise SettingError(f"{name} must not have a query or fragment: {raw!r}")
+        raise SettingError(f"{name} must not have a query or fragment: {shown!r}")
     return raw.rstrip("/")
 
 
@@ -227,10 +331,10 @@ class QuotaDefaults:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> QuotaDefaults:
         return cls(
-            emails_per_day=_int(env, "TIDINGS_QUOTA_EMAILS_PER_DAY", 0),
-            emails_per_month=_int(env, "TIDINGS_QUOTA_EMAILS_PER_MONTH", 0),
-            sms_per_day=_int(env, "TIDINGS_QUOTA_SMS_PER_DAY", 0),
-            sms_per_month=_int(env, "TIDINGS_QUOTA_SMS_PER_MONTH", 0),
+            emails_per_day=_int(env, "TIDINGS_QUOTA_EMAILS_PER_DAY", 0, maximum=MAX_BIGINT),
+            emails_per_month=_int(env, "TIDINGS_QUOTA_EMAILS_PER_MONTH", 0, maximum=MAX_BIGINT),
+            sms_per_day=_int(env, "TIDINGS_QUOTA_SMS_PER_DAY", 0, maximum=MAX_BIGINT),
+            sms_per_month=_int(env, "TIDINGS_QUOTA_SMS_PER_MONTH", 0, maximum=MAX_BIGINT),
         )
 
 

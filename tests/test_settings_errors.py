@@ -1,0 +1,191 @@
+"""Settings and arguments a user gets wrong: each stops the command with one
+line that names it (exit status 1), or with argparse's usage error (exit
+status 2), never with a traceback or as a database failure; and a setting's
+message never shows a password.
+
+The subprocesses that must fail before using a database get one that cannot
+be reached, so that checking too late shows as "cannot use the database".
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.test_cli import COMMANDS, assert_one_line_failure, tidings
+from tidings.config import Config, SettingError
+
+UNREACHABLE = "postgresql://127.0.0.1:1/tidings"
+PASSWORD = "S3cretPassw0rd"
+
+
+def assert_usage_error(done: subprocess.CompletedProcess[str], argument: str) -> str:
+    """argparse's way: the usage, then one line naming the argument; exit status 2."""
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[0].startswith("usage: tidings "), lines
+    assert f"error: argument {argument}: " in lines[-1], lines
+    return lines[-1]
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "65536"])
+def test_a_port_outside_0_to_65535_is_a_usage_error(port: str, tmp_path: Path) -> None:
+    done = tidings(["serve", "--port", port], tmp_path, DATABASE_URL=UNREACHABLE)
+    line = assert_usage_error(done, "--port")
+    assert f"must be 0 to 65535, not {port}" in line
+
+
+URLS = [
+    ("TIDINGS_PUBLIC_URL", "http://[::1"),
+    ("TIDINGS_TWILIO_API_URL", "https://[::1"),
+    ("TIDINGS_SMTP_URL", "smtp://[::1"),
+    ("DATABASE_URL", "postgresql://[::1"),
+    ("DATABASE_URL", "postgresql://u:p@127.0.0.1:notaport/db"),
+    ("DATABASE_URL", "postgresql://127.0.0.1:99999/db"),
+    ("DATABASE_URL", "postgresql://127.0.0.1/db?sslmode"),
+    ("TIDINGS_PUBLIC_URL", "http://exa mple.com"),
+    ("TIDINGS_PUBLIC_URL", "http://exa%20mple.com"),
+    ("TIDINGS_TWILIO_API_URL", "https://api..twilio.com"),
+    ("TIDINGS_SMTP_URL", "smtp://relay_-.example.com"),
+    ("TIDINGS_PUBLIC_URL", "http://example.com:0"),
+]
+
+
+@pytest.mark.parametrize(("name", "url"), URLS)
+def test_an_unparseable_url_is_one_line_naming_it(name: str, url: str, tmp_path: Path) -> None:
+    settings = {"DATABASE_URL": UNREACHABLE, name: url}
+    assert_one_line_failure(tidings(COMMANDS["tokens revoke"], tmp_path, **settings), name)
+
+
+# Every number setting: what a number of it may not be.
+FLOATS = [
+    "TIDINGS_RATE_LIMIT_PER_SECOND", "TIDINGS_RETENTION_SWEEP_SECONDS",
+    "WEBHOOK_TIMEOUT_SECONDS", "TIDINGS_WEBHOOK_POLL_SECONDS",
+    "TIDINGS_DOMAIN_RECHECK_SECONDS", "TIDINGS_SENDER_ID_REVIEW_SECONDS",
+    "TIDINGS_EMAIL_LEASE_SECONDS", "TIDINGS_EMAIL_POLL_SECONDS",
+    "TIDINGS_BROADCAST_LEASE_SECONDS", "TIDINGS_SMS_LEASE_SECONDS", "TIDINGS_SMS_POLL_SECONDS",
+    "TIDINGS_SHUTDOWN_GRACE_SECONDS",
+]
+SCHEDULES = [
+    "WEBHOOK_RETRY_SCHEDULE", "TIDINGS_EMAIL_RETRY_SCHEDULE", "TIDINGS_SMS_RETRY_SCHEDULE",
+]
+INTEGERS = [
+    "TIDINGS_DB_POOL_SIZE", "TIDINGS_MAX_BODY_BYTES", "TIDINGS_IMPORT_MAX_BODY_BYTES",
+    "TIDINGS_RATE_LIMIT_BURST", "TIDINGS_MAX_IN_FLIGHT", "TIDINGS_MAX_DB_WAITERS",
+    "IDEMPOTENCY_RETENTION_SECONDS", "IDEMPOTENCY_LOCK_SECONDS",
+    "TIDINGS_EVENT_RETENTION_SECONDS", "TIDINGS_WEBHOOK_DELIVERY_RETENTION_SECONDS",
+    "TIDINGS_RETENTION_BATCH_SIZE", "WEBHOOK_DELIVERY_AUTO_DISABLE_AFTER",
+    "TIDINGS_WEBHOOK_CONCURRENCY", "TIDINGS_EMAIL_CONCURRENCY", "TIDINGS_BROADCAST_BATCH_SIZE",
+    "TIDINGS_BROADCAST_CONNECTIONS", "TIDINGS_SMTP_CONNECTIONS", "TIDINGS_SMS_CONCURRENCY",
+    "TIDINGS_QUOTA_EMAILS_PER_DAY", "TIDINGS_QUOTA_EMAILS_PER_MONTH",
+    "TIDINGS_QUOTA_SMS_PER_DAY", "TIDINGS_QUOTA_SMS_PER_MONTH",
+]
+BAD_NUMBERS = [
+    *[(name, value) for name in FLOATS for value in ("nan", "NaN", "inf", "-inf", "1e300")],
+    *[(name, value) for name in SCHEDULES for value in ("nan", "1,inf", "5,1e300", "-inf")],
+    *[(name, "99999999999999999999") for name in INTEGERS],
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_NUMBERS)
+def test_a_number_setting_must_be_finite_and_in_range(name: str, value: str) -> None:
+    with pytest.raises(SettingError) as refused:
+        Config.from_env({name: value})
+    assert str(refused.value).startswith(f"{name} must "), str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_every_number_setting_takes_its_largest_sensible_value() -> None:
+    config = Config.from_env({
+        "TIDINGS_SHUTDOWN_GRACE_SECONDS": "3153600000",
+        "WEBHOOK_RETRY_SCHEDULE": "0,3153600000",
+        "TIDINGS_RETENTION_BATCH_SIZE": "2147483647",
+        "TIDINGS_QUOTA_SMS_PER_DAY": "9223372036854775807",
+    })
+    assert config.shutdown_grace_seconds == 3153600000
+    assert config.webhook_retry_schedule == (0, 3153600000)
+    assert config.retention_batch_size == 2147483647
+    assert config.quotas.sms_per_day == 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("TIDINGS_SHUTDOWN_GRACE_SECONDS", "nan"),
+        ("TIDINGS_EMAIL_POLL_SECONDS", "nan"),
+        ("WEBHOOK_RETRY_SCHEDULE", "nan"),
+        ("TIDINGS_RATE_LIMIT_PER_SECOND", "nan"),
+        ("WEBHOOK_TIMEOUT_SECONDS", "nan"),
+        ("TIDINGS_EMAIL_LEASE_SECONDS", "1e300"),
+        ("TIDINGS_SMS_RETRY_SCHEDULE", "1,inf"),
+        ("IDEMPOTENCY_RETENTION_SECONDS", "99999999999999999999"),
+    ],
+)
+def test_a_number_setting_out_of_range_is_one_line_naming_it(
+    name: str, value: str, tmp_path: Path
+) -> None:
+    settings = {"DATABASE_URL": UNREACHABLE, name: value}
+    assert_one_line_failure(tidings(COMMANDS["serve"], tmp_path, **settings), name)
+
+
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        ("TIDINGS_SMTP_URL", f"smtp://mailer:{PASSWORD}@relay.example.com:99999"),
+        ("TIDINGS_SMTP_URL", f"smtp://mailer:{PASSWORD}@[::1"),
+        ("TIDINGS_SMTP_URL", f"ftp://mailer:{PASSWORD}@relay.example.com"),
+        ("TIDINGS_SMTP_URL", f"smtp://mailer:{PASSWORD}@relay.example.com/path"),
+        ("TIDINGS_PUBLIC_URL", f"https://admin:{PASSWORD}@tidings.example.com?a=1"),
+        ("TIDINGS_TWILIO_API_URL", f"https://ac:{PASSWORD}@bad host"),
+        ("DATABASE_URL", f"postgresql://app:{PASSWORD}@127.0.0.1:1,/tidings"),
+        ("DATABASE_URL", f"postgresql://app:{PASSWORD}@[::1"),
+        ("DATABASE_URL", f"app:{PASSWORD}@127.0.0.1/tidings"),
+        ("DATABASE_URL", f"postgresql://app@127.0.0.1:1/tidings?password={PASSWORD}"),
+    ],
+)
+def test_a_url_setting_message_never_shows_the_password(
+    name: str, url: str, tmp_path: Path
+) -> None:
+    settings = {"DATABASE_URL": UNREACHABLE, name: url}
+    done = tidings(COMMANDS["serve"], tmp_path, **settings)
+    line = assert_one_line_failure(done, name)
+    assert PASSWORD not in done.stderr + done.stdout, line
+
+
+def test_a_host_that_does_not_resolve_is_not_a_database_failure(tmp_path: Path) -> None:
+    for workers in ("1", "2"):
+        done = tidings(
+            ["serve", "--host", "nosuchhost.invalid", "--port", "18702", "--workers", workers],
+            tmp_path, DATABASE_URL=UNREACHABLE,
+        )
+        line = assert_one_line_failure(done, "cannot listen on nosuchhost.invalid:18702")
+        assert "database" not in line
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "1e300", "0", "315360001"])
+def test_expires_in_must_be_finite_and_at_most_ten_years(seconds: str, tmp_path: Path) -> None:
+    done = tidings([*COMMANDS["tokens create"], "--expires-in", seconds], tmp_path,
+                   DATABASE_URL=UNREACHABLE)
+    line = assert_one_line_failure(done, "--expires-in", "315360000")
+    assert "database" not in line
+
+
+@pytest.mark.parametrize("option", ["--emails-per-day", "--sms-per-month"])
+def test_a_quota_beyond_bigint_is_a_usage_error(option: str, tmp_path: Path) -> None:
+    done = tidings(["quotas", "set", "--team", "acme", option, "9223372036854775808"], tmp_path,
+                   DATABASE_URL=UNREACHABLE)
+    line = assert_usage_error(done, option)
+    assert "at most 9223372036854775807" in line
+
+
+async def test_quotas_of_an_unknown_team_is_one_line(database_url: str, tmp_path: Path) -> None:
+    for command in (["show"], ["set", "--sms-per-day", "5"]):
+        done = await trio.to_thread.run_sync(lambda command=command: tidings(
+            ["quotas", *command, "--team", "nosuch"], tmp_path, DATABASE_URL=database_url
+        ))
+        line = assert_one_line_failure(done)
+        assert line == "tidings: no team 'nosuch'", done.stderr
