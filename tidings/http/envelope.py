@@ -46,6 +46,12 @@ def unprocessable(message: str) -> ApiError:
     return ApiError(422, "UNPROCESSABLE_ENTITY", message)
 
 
+def storage_unavailable() -> ApiError:
+    """503 for a request that failed because storage cannot be reached now."""
+    return ApiError(503, "SERVICE_UNAVAILABLE", "storage is unavailable; retry shortly",
+                    {"Retry-After": "1"})
+
+
 def payment_required(exceeded: QuotaExceeded) -> ApiError:
     """402 for a team quota that a send would pass; ``Retry-After`` says when the
     quota resets, unless the send is larger than the quota itself."""

@@ -43,6 +43,7 @@ from tidings.http.envelope import (
     conflict,
     error_body,
     payment_required,
+    storage_unavailable,
 )
 from tidings.http.pipeline import (
     IDEMPOTENCY_HEADER,
@@ -54,7 +55,7 @@ from tidings.http.pipeline import (
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import MUTATING, Route
 from tidings.logging_setup import choose_request_id, log_access, request_id
-from tidings.storage.errors import Duplicate
+from tidings.storage.errors import Duplicate, unavailable
 from tidings.storage.quotas import QuotaExceeded
 
 if TYPE_CHECKING:
@@ -359,6 +360,12 @@ class FrontDoor:
             )
         if isinstance(error, HTTPException):
             return self._answer(*http_error_answer(error, method, path, limit))
+        if unavailable(error):
+            log.warning("storage unavailable in %s %s: %s", method, path, error)
+            refusal = storage_unavailable()
+            return self._answer(
+                refusal.status, error_body(refusal.code, refusal.message), refusal.headers
+            )
         log.error("unhandled error in %s %s", method, path, exc_info=error)
         return self._answer(500, INTERNAL, {})
 

@@ -25,3 +25,24 @@ def unique(field: str, message: str) -> Iterator[None]:
         yield
     except asyncpg.UniqueViolationError:
         raise Duplicate(field, message) from None
+
+
+# What PostgreSQL or the network answers when storage is down, restarting or
+# full of connections: the request may succeed if retried, so HTTP answers
+# 503 (CONTRACT §2), not 500.
+UNAVAILABLE = (
+    OSError,  # refused, reset, the socket file gone
+    asyncpg.PostgresConnectionError,  # class 08, the connection lost
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.CannotConnectNowError,  # starting up or shutting down
+    asyncpg.TooManyConnectionsError,
+)
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether ``error`` means storage cannot be reached now (see UNAVAILABLE)."""
+    if isinstance(error, UNAVAILABLE):
+        return True
+    # asyncpg's own: a pooled connection whose server went away.
+    return isinstance(error, asyncpg.InterfaceError) and "connection is closed" in str(error)
