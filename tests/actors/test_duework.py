@@ -10,6 +10,7 @@ timers, which trio-asyncio runs on trio's clock, would fire at once).
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -18,6 +19,7 @@ from contextvars import ContextVar
 from typing import Any
 from uuid import UUID, uuid4
 
+import asyncpg
 import pytest
 import trio
 import trio.testing
@@ -436,3 +438,36 @@ async def test_renew_extends_only_the_leases_still_held(
         mine[0],
     )
     assert row["until"] == pytest.approx(now + 100)
+
+
+async def test_renew_never_waits_for_a_row_another_statement_holds(
+    db: StillDatabase, clock: trio.testing.MockClock, database_url: str
+) -> None:
+    """A renewal that waited for a row being recorded could deadlock with that
+    recording (each locking rows of one batch in its own order): the send
+    worker's record then rolled back and its emails were sent again."""
+    owner, holder = uuid4(), uuid4()
+    await add_jobs(db, owner, 0, 0)
+    now = trio.current_time()
+
+    async def scenario(conn: AsyncioConnection) -> tuple[bool, list[float]]:
+        claimed = [row["id"] for row in await conn.fetch(
+            LEASES.claim, now, owner, holder, LEASE_SECONDS, 2)]
+        busy, free = claimed
+        other = await asyncpg.connect(database_url)
+        try:
+            async with other.transaction():
+                await other.execute("SELECT 1 FROM test_jobs WHERE id = $1 FOR UPDATE", busy)
+                kept = keys_of(await asyncio.wait_for(
+                    conn.fetch(LEASES.renew, now, claimed, holder, 100.0), 5))
+        finally:
+            await other.close()
+        rows = await conn.fetch(
+            "SELECT extract(epoch FROM leased_until)::float8 AS until FROM test_jobs "
+            "WHERE id = ANY($1) ORDER BY id = $2 DESC", claimed, busy)
+        return sorted(kept) == sorted(claimed), [row["until"] for row in rows]
+
+    all_kept, (busy_until, free_until) = await db.run(scenario)
+    assert all_kept  # the row being recorded is still held: not counted as lost
+    assert free_until == pytest.approx(now + 100)
+    assert busy_until == pytest.approx(now + LEASE_SECONDS)  # left to its holder

@@ -12,7 +12,8 @@ writes, once per table at import time, the statements of the pattern:
 * ``record``: the table's own update of a row after its work, applied only
   if the caller still holds the lease, and clearing it;
 * ``release``: hand rows back unworked (shutdown);
-* ``renew``: extend the leases a long piece of work still holds;
+* ``renew``: extend the leases a long piece of work still holds, never
+  waiting for a row that another statement holds locked;
 * ``due_owners`` and ``next_due``: what a dispatcher polls for, and when an
   actor should look again.
 
@@ -146,10 +147,23 @@ WITH recorded AS (
 UPDATE {table} SET lease_owner = NULL, leased_until = NULL
 WHERE {key} = ANY($1) AND lease_owner = $2
 """
+    # Never waits for a row another statement holds: that one is recording
+    # or changing the row now (waiting could deadlock with it, both locking
+    # rows of one batch in different orders), and such a row still held
+    # counts as kept as of this statement's snapshot.
     renew = f"""
-UPDATE {table} t SET leased_until = {now} + {p(2)} * interval '1 second'
-WHERE t.{key} = ANY({p(0)}) AND t.lease_owner = {p(1)}
-RETURNING t.{key} AS key
+WITH held AS (
+    SELECT {key} FROM {table}
+    WHERE {key} = ANY({p(0)}) AND lease_owner = {p(1)}
+), renewable AS (
+    SELECT {key} FROM {table}
+    WHERE {key} IN (SELECT {key} FROM held) AND lease_owner = {p(1)}
+    FOR NO KEY UPDATE SKIP LOCKED
+), renewed AS (
+    UPDATE {table} t SET leased_until = {now} + {p(2)} * interval '1 second'
+    FROM renewable r WHERE t.{key} = r.{key}
+)
+SELECT {key} AS key FROM held
 """
     return LeaseSql(claim, due_owners, next_due, seconds_to_next_due, record, release, renew)
 
