@@ -101,3 +101,52 @@ async def test_contacts_import_shows_progress_unless_quiet(
                                    capture_stderr=True)
     assert quiet.stderr == b""
     assert json.loads(quiet.stdout)["updated"] == 250
+
+
+async def test_answers_during_shutdown_close_their_connections(tmp_path: Path) -> None:
+    """A request in flight at SIGTERM is answered with ``Connection: close``, so a
+    pooled client does not send its next request on a connection about to end;
+    one sent there anyway is not waited for: the process exits at once, not
+    after the whole grace (30 s)."""
+    env = service_env(tmp_path / "data")
+    port = free_port()
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "tidings", "serve", "--port", str(port)], env=env)
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", process)
+        created = await trio.run_process(
+            [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
+            env=env, capture_stdout=True,
+        )
+        auth = b"Authorization: Bearer " + json.loads(created.stdout)["token"].encode()
+        body = b'{"email": "ada@example.com"}'
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /contacts HTTP/1.1\r\nHost: a\r\n" + auth + (
+            b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)))
+        await stream.send_all(body[:5])
+        await trio.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        await trio.sleep(0.3)
+        await stream.send_all(body[5:])
+        received = b""
+        with trio.fail_after(10):
+            while b"}}" not in received:
+                received += await stream.receive_some(65536)
+        head = received.partition(b"\r\n\r\n")[0].lower()
+        assert head.startswith(b"http/1.1 201")
+        assert b"\r\nconnection: close" in head
+        answered = trio.current_time()
+        try:
+            await stream.send_all(b"GET /contacts HTTP/1.1\r\nHost: a\r\n" + auth + b"\r\n\r\n")
+            with trio.fail_after(10):
+                assert await stream.receive_some(65536) == b""  # closed, not answered
+        except trio.BrokenResourceError:
+            pass  # closed already
+        await stream.aclose()
+        with trio.fail_after(20):
+            assert await process.wait() == 0
+        assert trio.current_time() - answered < 10
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

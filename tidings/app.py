@@ -69,10 +69,16 @@ async def serve_asgi(
     http_config.accesslog = None
     http_config.errorlog = logging.getLogger("hypercorn.error")
     http_config.keep_alive_timeout = 75
+    stopping = trio.Event()
+
+    async def stop_when_triggered() -> None:
+        await (shutdown_trigger or trio.sleep_forever)()
+        stopping.set()  # responses from now on close their connections
+
     await hypercorn_serve(
-        SoundConnections(app),  # type: ignore[arg-type]
+        SoundConnections(app, stopping),  # type: ignore[arg-type]
         http_config,
-        shutdown_trigger=shutdown_trigger or trio.sleep_forever,
+        shutdown_trigger=stop_when_triggered,
         task_status=task_status,
     )
 

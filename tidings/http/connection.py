@@ -22,6 +22,10 @@ stays open until the client closes it. (docs/upstream/ has the report.)
   ``Connection: close`` and the connection ends after it. A response that
   says ``Connection: close`` already (a shed request's 503) does not wait.
 - An application that ends without a response gets a 500 envelope.
+- Once the server is stopping (``stopping`` set), every response says
+  ``Connection: close``: the connection ends after it, and the client knows
+  not to send another request on it (one sent anyway would never be
+  answered, and the client could not tell whether it ran).
 """
 
 from __future__ import annotations
@@ -68,9 +72,13 @@ def _closes(start: Message) -> bool:
 class _Exchange:
     """One request and its response, as the wrapped application sees them."""
 
-    def __init__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+    def __init__(
+        self, scope: MutableMapping[str, Any], receive: Receive, send: Send,
+        stopping: trio.Event,
+    ) -> None:
         self._receive = receive
         self._send = send
+        self._stopping = stopping
         self._announced = _announced_length(scope)
         self.body_received = trio.Event()
         self.started = False
@@ -86,10 +94,9 @@ class _Exchange:
         kind = message["type"]
         if kind == "http.response.start":
             self.started = True
-            if (
-                not self.body_received.is_set()
-                and not _closes(message)
-                and not await self._drained()
+            if not _closes(message) and (
+                self._stopping.is_set()
+                or (not self.body_received.is_set() and not await self._drained())
             ):
                 message = dict(message)
                 message["headers"] = [*message.get("headers", ()), (b"connection", b"close")]
@@ -111,8 +118,9 @@ class _Exchange:
 class SoundConnections:
     """The ASGI application ``app``, made safe for kept-alive connections."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, stopping: trio.Event | None = None) -> None:
         self.app = app
+        self.stopping = trio.Event() if stopping is None else stopping
 
     async def __call__(
         self, scope: MutableMapping[str, Any], receive: Receive, send: Send
@@ -120,7 +128,7 @@ class SoundConnections:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        exchange = _Exchange(scope, receive, send)
+        exchange = _Exchange(scope, receive, send, self.stopping)
         try:
             await self.app(scope, exchange.receive, exchange.send)
         except trio.Cancelled:
