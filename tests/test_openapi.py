@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openapi_spec_validator import OpenAPIV31SpecValidator
 
 from tests.conftest import Credential
 from tests.openapi_check import NotInTheDocument, check_response, document
@@ -74,6 +75,13 @@ def test_metrics_is_text_and_openapi_is_plain_json() -> None:
     assert list(metrics) == ["text/plain"]
     own = document()["paths"]["/openapi.json"]["get"]["responses"]["200"]["content"]
     assert own["application/json"]["schema"] == {"type": "object"}
+
+
+def test_the_document_is_valid_openapi_3_1() -> None:
+    """Checked by openapi-spec-validator: what generators and gateways read."""
+    errors = [f"{list(e.absolute_path)}: {e.message}"
+              for e in OpenAPIV31SpecValidator(document()).iter_errors()]
+    assert errors == []
 
 
 def test_every_operation_declares_its_errors_with_the_envelope() -> None:

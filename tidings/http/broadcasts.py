@@ -74,22 +74,33 @@ class CreateBroadcast(RequestBody):
         return self
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field that may be omitted but never null shows no ``default: null``:
+    OpenAPI would find the default outside the field's own type."""
+    schema.pop("default", None)
+
+
+# Omitted: unchanged; never null (the schema says so).
+UNCHANGED = Field(None, json_schema_extra=_no_default)
+
+
 class UpdateBroadcast(RequestBody):
-    # Omitted: unchanged; never null (the schema says so).
-    name: Annotated[str, Field(min_length=1, max_length=200)] | SkipJsonSchema[None] = None
-    segment_id: UUID | SkipJsonSchema[None] = None
+    name: Annotated[str, Field(min_length=1, max_length=200)] | SkipJsonSchema[None] = UNCHANGED
+    segment_id: UUID | SkipJsonSchema[None] = UNCHANGED
     topic_id: UUID | None = Field(None, description="null removes it")
     from_email: Annotated[str, Field(max_length=MAX_ADDRESS_LENGTH)] | SkipJsonSchema[None] = (
-        None
+        UNCHANGED
     )
     from_name: str | None = Field(None, max_length=200, description="null removes it")
     reply_to_email: str | None = Field(None, max_length=MAX_ADDRESS_LENGTH)
-    subject: Annotated[str, Field(min_length=1, max_length=998)] | SkipJsonSchema[None] = None
+    subject: Annotated[str, Field(min_length=1, max_length=998)] | SkipJsonSchema[None] = (
+        UNCHANGED
+    )
     preview_text: str | None = Field(None, max_length=500)
-    html: Annotated[str, Field(min_length=1)] | SkipJsonSchema[None] = None
+    html: Annotated[str, Field(min_length=1)] | SkipJsonSchema[None] = UNCHANGED
     text: str | None = None
     variable_bindings: dict[str, Binding] | SkipJsonSchema[None] = Field(
-        None, description=BINDINGS
+        None, description=BINDINGS, json_schema_extra=_no_default
     )
     revision: int | None = Field(
         None, ge=1, description="The revision the change is based on; another one is 409"
