@@ -45,6 +45,33 @@ async def test_the_access_log_names_route_status_team_and_request(
     assert "GET /contacts/{contact_id} 200" in record.getMessage()
 
 
+async def test_the_access_log_names_the_team_of_a_request_that_fails(
+    http: httpx.AsyncClient, client: httpx.AsyncClient, acme: Credential,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The token authenticated: whatever goes wrong next (a bad query, a bad
+    body, a duplicate, a missing permission), the line names its team."""
+    await client.post("/contacts", json={"email": "ada@example.com"})
+    with caplog.at_level(logging.INFO, logger="tidings.access"):
+        answers = [
+            await client.get("/contacts?limit=abc"),  # the front door, 400
+            await client.post("/contacts", json={"email": "ada@example.com"}),  # 409
+            await client.post("/contacts", content=b"{", headers={  # 400, bad JSON
+                "Content-Type": "application/json"}),
+            await client.post("/tokens", json={"permissions": ["contacts:read"]}),  # 403
+            await client.post("/contacts/import", content=b"email\nnot-an-address\n",
+                              headers={"Content-Type": "text/csv", "X-Request-Id": "csv"}),
+        ]
+        anonymous = await http.get("/contacts")  # 401: no team to name
+    assert [a.status_code for a in answers][:4] == [400, 409, 400, 403]
+    records = [r for r in caplog.records if r.name == "tidings.access"]
+    assert len(records) == len(answers) + 1
+    for record in records[:-1]:
+        assert record.team_id == str(acme.team_id), record.getMessage()  # type: ignore[attr-defined]
+    assert anonymous.status_code == 401
+    assert records[-1].team_id is None  # type: ignore[attr-defined]
+
+
 async def test_metrics_have_process_gc_and_status_labels(
     http: httpx.AsyncClient, client: httpx.AsyncClient
 ) -> None:

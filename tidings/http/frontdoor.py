@@ -29,6 +29,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import trio
 from quart import Response
@@ -123,7 +124,7 @@ class _Request:
 
     __slots__ = (
         "authorization", "sent_id", "key_header", "content_length", "transfer_encoding",
-        "complete", "limit",
+        "complete", "limit", "admitted",
     )
 
     def __init__(self, scope: MutableMapping[str, Any]) -> None:
@@ -134,6 +135,8 @@ class _Request:
         self.transfer_encoding: str | None = None
         self.complete = False
         self.limit: int | None = None
+        # The team of the admitted token, for the access log (pipeline.Incoming).
+        self.admitted: list[UUID] = []
         # Header values as Quart reads them: latin-1, the first of repeated ones.
         for name, value in scope["headers"]:
             name = name.lower()
@@ -210,12 +213,10 @@ class FrontDoor:
         rid = choose_request_id(exchange.sent_id)
         request_id.set(rid)
         method: str = scope["method"]
-        team_id = None
         try:
             call, (status, body, headers) = await self._run(
                 route, values, scope, exchange, receive
             )
-            team_id = call.team_id
             call.committed()
             answer = self._answer(status, body, headers)
         except _Gone:
@@ -226,6 +227,7 @@ class FrontDoor:
         elapsed = time.perf_counter() - started
         self._service.metrics.observe(method, route.path, status, elapsed)
         encoded.append((b"x-request-id", rid.encode()))
+        team_id = exchange.admitted[0] if exchange.admitted else None
         log_access(method, route.path, status, elapsed, team_id, rid)
         start = {"type": "http.response.start", "status": status, "headers": encoded}
         end = {"type": "http.response.body", "body": body, "more_body": False}
@@ -249,7 +251,7 @@ class FrontDoor:
     ) -> Any:
         service = self._service
         secret_hash, token = cached_admission(
-            service, route, self._limiter, exchange.authorization
+            service, route, self._limiter, exchange.authorization, exchange.admitted
         )
         raw_body = b""
         if route.method in MUTATING:
@@ -279,6 +281,7 @@ class FrontDoor:
             fingerprint=b"" if key_header is None else fingerprint(
                 scope["method"], scope["path"], scope["query_string"], raw_body
             ),
+            admitted=exchange.admitted,
         )
         # A client that leaves cancels its request, as in Quart: its storage
         # work rolls back and its place in the shedder's bounds is free again.

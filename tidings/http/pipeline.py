@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -92,14 +92,20 @@ def secret_hash_of(secret: str) -> bytes | None:
     return token_store.hash_secret(secret)
 
 
-def admit(route: Route, token: Token | None, rate_limiter: RateLimiter) -> Token:
-    """``token`` may call ``route`` now, or the 401/403/429 that says why not."""
+def admit(
+    route: Route, token: Token | None, rate_limiter: RateLimiter, seen: list[UUID] | None = None
+) -> Token:
+    """``token`` may call ``route`` now, or the 401/403/429 that says why not.
+    A token that authenticates adds its team to ``seen`` (for the access log),
+    whether or not it may call the route."""
     if token is None:
         raise ApiError(401, "UNAUTHORIZED", "invalid token")
     if token.revoked_at is not None:
         raise ApiError(401, "UNAUTHORIZED", "token has been revoked")
     if token.expired:
         raise ApiError(401, "UNAUTHORIZED", "token has expired")
+    if seen is not None:
+        seen.append(token.team_id)
     if route.permission is not None and route.permission not in token.permissions:
         raise ApiError(403, "FORBIDDEN", f"this token lacks the permission {route.permission!r}")
     if route.step_up and not token.step_up:
@@ -113,7 +119,8 @@ def admit(route: Route, token: Token | None, rate_limiter: RateLimiter) -> Token
 
 
 async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -> Token:
-    """The caller's token, checked for this route; from the cache when it can be."""
+    """The caller's token, checked for this route; from the cache when it can be.
+    The access log names its team from then on, failures included."""
     secret_hash = secret_hash_of(bearer_secret(request.headers.getlist("Authorization")))
     token = None
     if secret_hash is not None:
@@ -123,7 +130,12 @@ async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -
             token = await service.db.run(token_store.find_by_hash, secret_hash)
             if token is not None:
                 service.tokens.put(secret_hash, token, version)
-    return admit(route, token, rate_limiter)
+    seen: list[UUID] = []
+    try:
+        return admit(route, token, rate_limiter, seen)
+    finally:
+        if seen:
+            g.team_id = seen[0]
 
 
 def idempotency_key(raw: str | None) -> str | None:
@@ -192,6 +204,9 @@ class Incoming:
     mimetype: str
     key_header: str | None
     fingerprint: bytes
+    # Set once the token is admitted, so that the access log names the team
+    # of a request that then fails (a 400, a 403, a 409) as well.
+    admitted: list[UUID] = field(default_factory=list)
 
 
 async def run_unit(
@@ -209,7 +224,7 @@ async def run_unit(
             token = await token_store.find_by_hash(conn, incoming.secret_hash)
             if token is not None:
                 service.tokens.put(incoming.secret_hash, token, incoming.cache_version)
-        token = admit(route, token, limiter)
+        token = admit(route, token, limiter, incoming.admitted)
     kwargs = arguments(
         route, incoming.path_values, incoming.query, incoming.raw_body, incoming.mimetype
     )
@@ -294,7 +309,6 @@ async def run_on_trio(
     service: Service, route: Route, rate_limiter: RateLimiter, path_values: dict[str, str]
 ) -> Response:
     token = await authorize(service, route, rate_limiter)
-    g.team_id = token.team_id  # for the access log
     raw_body = b""
     if route.method in MUTATING:
         raw_body = await read_body(route.max_body_bytes(service.config))
@@ -313,14 +327,16 @@ async def run_on_trio(
 
 
 def cached_admission(
-    service: Service, route: Route, rate_limiter: RateLimiter, authorization: list[str]
+    service: Service, route: Route, rate_limiter: RateLimiter, authorization: list[str],
+    seen: list[UUID],
 ) -> tuple[bytes | None, Token | None]:
     """The secret's hash and its token when the cache knows it, admitted for
-    ``route`` before the body is read (401/403/429 as on a miss)."""
+    ``route`` before the body is read (401/403/429 as on a miss); ``seen`` as
+    in ``admit``."""
     secret_hash = secret_hash_of(bearer_secret(authorization))
     token = None if secret_hash is None else service.tokens.get(secret_hash)
     if token is not None:
-        admit(route, token, rate_limiter)
+        admit(route, token, rate_limiter, seen)
     elif secret_hash is None:
         admit(route, None, rate_limiter)
     return secret_hash, token
@@ -339,9 +355,14 @@ async def run_as_unit(
 ) -> Response:
     """A storage-unit route served through Quart (``tidings/http/frontdoor.py``
     serves them without it; HEAD requests and anything it passes on come here)."""
-    secret_hash, token = cached_admission(
-        service, route, rate_limiter, request.headers.getlist("Authorization")
-    )
+    seen: list[UUID] = []
+    try:
+        secret_hash, token = cached_admission(
+            service, route, rate_limiter, request.headers.getlist("Authorization"), seen
+        )
+    finally:
+        if seen:
+            g.team_id = seen[0]  # for the access log
     raw_body = b""
     if route.method in MUTATING:
         raw_body = await read_body(route.max_body_bytes(service.config))
@@ -358,9 +379,15 @@ async def run_as_unit(
         fingerprint=b"" if key_header is None else fingerprint(
             request.method, request.path, request.query_string, raw_body
         ),
+        admitted=seen,
     )
-    call, (status, body, headers) = await run_incoming(service, route, rate_limiter, incoming)
-    g.team_id = call.team_id  # for the access log
+    try:
+        call, (status, body, headers) = await run_incoming(
+            service, route, rate_limiter, incoming
+        )
+    finally:
+        if incoming.admitted:
+            g.team_id = incoming.admitted[0]  # for the access log
     call.committed()
     return json_response(status, body, headers)
 
