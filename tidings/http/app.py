@@ -86,7 +86,8 @@ GROUPS: tuple[Routes, ...] = (
 )
 
 def _route_template(rule: str | None) -> str:
-    """The route as the docs write it (``/contacts/{contact_id}``); ``unmatched`` for none."""
+    """The route as the docs write it (``/contacts/{contact_id}``); ``unmatched``
+    when no route takes the request (404, 405)."""
     if rule is None:
         return "unmatched"
     return rule.replace("<", "{").replace(">", "}")
