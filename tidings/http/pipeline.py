@@ -1,13 +1,11 @@
 """The request pipeline every route shares: token, rate limit, validation,
 idempotency, the connection, and the handler.
 
-Every await on a triopg connection crosses from trio to asyncio and back,
-which costs more CPU than the query. A route declared as a storage unit
-(``Routes(..., storage_units=True)``) therefore runs everything a request
-needs from storage as one unit on the asyncio side, in ONE crossing. That is
-the token lookup on a cache miss, the idempotency claim, the handler's
-queries and the stored response. The trio side reads the request before the
-unit runs and writes the response after it. Other routes (their handlers use
+A route declared as a storage unit (``Routes(..., storage_units=True)``)
+runs all its storage work (the token lookup on a cache miss, the idempotency
+claim, the handler's queries, the stored response) as one unit on the
+storage loop, in ONE crossing from trio. The trio side reads the request
+before and writes the response after. Other routes (their handlers use
 actors, threads or trio itself) keep the connection proxy on the trio side.
 
 Under an ``Idempotency-Key`` the claim is committed on its own first. That
@@ -96,8 +94,7 @@ def admit(
     route: Route, token: Token | None, rate_limiter: RateLimiter, seen: list[UUID] | None = None
 ) -> Token:
     """``token`` may call ``route`` now, or the 401/403/429 that says why not.
-    A token that authenticates adds its team to ``seen`` (for the access log),
-    whether or not it may call the route."""
+    An authentic token adds its team to ``seen`` (for the access log)."""
     if token is None:
         raise ApiError(401, "UNAUTHORIZED", "invalid token")
     if token.revoked_at is not None:
@@ -119,8 +116,7 @@ def admit(
 
 
 async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -> Token:
-    """The caller's token, checked for this route; from the cache when it can be.
-    The access log names its team from then on, failures included."""
+    """The caller's token, checked for this route; from the cache when it can be."""
     secret_hash = secret_hash_of(bearer_secret(request.headers.getlist("Authorization")))
     token = None
     if secret_hash is not None:
@@ -355,39 +351,34 @@ async def run_as_unit(
 ) -> Response:
     """A storage-unit route served through Quart (``tidings/http/frontdoor.py``
     serves them without it; HEAD requests and anything it passes on come here)."""
-    seen: list[UUID] = []
+    seen: list[UUID] = []  # the admitted token's team, for the access log
     try:
         secret_hash, token = cached_admission(
             service, route, rate_limiter, request.headers.getlist("Authorization"), seen
         )
+        raw_body = b""
+        if route.method in MUTATING:
+            raw_body = await read_body(route.max_body_bytes(service.config))
+        key_header = request.headers.get(IDEMPOTENCY_HEADER)
+        incoming = Incoming(
+            secret_hash=secret_hash,
+            token=token,
+            cache_version=service.tokens.version,
+            path_values=path_values,
+            query=query_values(),
+            raw_body=raw_body,
+            mimetype=request.mimetype,
+            key_header=key_header,
+            fingerprint=b"" if key_header is None else fingerprint(
+                request.method, request.path, request.query_string, raw_body
+            ),
+            admitted=seen,
+        )
+        call, (status, body, headers) = await run_incoming(
+            service, route, rate_limiter, incoming)
     finally:
         if seen:
-            g.team_id = seen[0]  # for the access log
-    raw_body = b""
-    if route.method in MUTATING:
-        raw_body = await read_body(route.max_body_bytes(service.config))
-    key_header = request.headers.get(IDEMPOTENCY_HEADER)
-    incoming = Incoming(
-        secret_hash=secret_hash,
-        token=token,
-        cache_version=service.tokens.version,
-        path_values=path_values,
-        query=query_values(),
-        raw_body=raw_body,
-        mimetype=request.mimetype,
-        key_header=key_header,
-        fingerprint=b"" if key_header is None else fingerprint(
-            request.method, request.path, request.query_string, raw_body
-        ),
-        admitted=seen,
-    )
-    try:
-        call, (status, body, headers) = await run_incoming(
-            service, route, rate_limiter, incoming
-        )
-    finally:
-        if incoming.admitted:
-            g.team_id = incoming.admitted[0]  # for the access log
+            g.team_id = seen[0]
     call.committed()
     return json_response(status, body, headers)
 
