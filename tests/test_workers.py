@@ -142,10 +142,49 @@ async def test_workers_refuse_a_taken_port_and_finish_slow_requests_on_sigterm(
         await stream.aclose()
         with trio.fail_after(15):
             assert await process.wait() == 0
+        # Its connections in TIME-WAIT do not keep it from starting again at once.
+        process = await trio.lowlevel.open_process(command, env=env, stderr=subprocess.DEVNULL)
+        await wait_healthy(url, process)
     finally:
         if process.returncode is None:
-            process.kill()
-            await process.wait()
+            process.send_signal(signal.SIGTERM)
+            with trio.fail_after(30):
+                await process.wait()
+
+
+async def test_two_sets_started_at_once_do_not_share_a_port(tmp_path: Path) -> None:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "2",
+    ]
+    sets = [
+        await trio.lowlevel.open_process(
+            command, env=service_env(tmp_path / f"data{n}"), stderr=subprocess.DEVNULL)
+        for n in range(2)
+    ]
+    try:
+        with trio.fail_after(60):
+            while all(each.returncode is None for each in sets):
+                await trio.sleep(0.1)
+        [refused] = [each for each in sets if each.returncode is not None]
+        assert refused.returncode == 1
+        [running] = [each for each in sets if each is not refused]
+        await wait_healthy(f"http://127.0.0.1:{port}", running)
+    finally:
+        for each in sets:
+            if each.returncode is None:
+                each.send_signal(signal.SIGTERM)
+                with trio.fail_after(30):
+                    await each.wait()
+
+
+async def test_workers_need_a_fixed_port(tmp_path: Path) -> None:
+    done = await trio.run_process(
+        [sys.executable, "-m", "tidings", "serve", "--port", "0", "--workers", "2"],
+        env=service_env(tmp_path / "data"), capture_stderr=True, check=False)
+    assert done.returncode == 1
+    assert "--workers needs a fixed --port" in done.stderr.decode()
 
 
 def children(pid: int) -> list[str]:

@@ -17,13 +17,19 @@ exits 1: a process manager then restarts the whole set.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import trio
 
@@ -51,12 +57,29 @@ def refuse_taken_port(host: str, port: int) -> None:
 
     The workers bind with ``SO_REUSEPORT``, which would let them join the
     sockets of another set of workers on the same port and split its
-    traffic between two services; a plain bind first finds the port taken.
+    traffic between two services; a plain bind first finds the port taken
+    (``SO_REUSEADDR``: connections of an earlier run in TIME-WAIT do not
+    count, as for a single process).
     """
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM)[0]
     with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(address)
+
+
+@contextmanager
+def port_lock(host: str, port: int) -> Iterator[None]:
+    """Held while a set of workers runs on ``host:port``: a second set started
+    at the same moment, before either has bound, finds it taken (OSError
+    EADDRINUSE) instead of sharing the port."""
+    path = Path(tempfile.gettempdir()) / f"tidings-workers-{host}-{port}.lock"
+    with path.open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OSError(errno.EADDRINUSE, "Address already in use") from None
+        yield
 
 
 def _stop(workers: list[subprocess.Popen[bytes]], seconds: float) -> bool:
@@ -98,7 +121,14 @@ def run_workers(config: Config, host: str, port: int, count: int) -> int:
 
 
 def _supervise(config: Config, host: str, port: int, count: int, received: list[int]) -> int:
-    refuse_taken_port(host, port)
+    if port == 0:
+        raise SystemExit("tidings: --workers needs a fixed --port (0 would give each its own)")
+    with port_lock(host, port):
+        refuse_taken_port(host, port)
+        return _run(config, host, port, count, received)
+
+
+def _run(config: Config, host: str, port: int, count: int, received: list[int]) -> int:
     env = dict(os.environ)
     if not config.database_url:
         env["DATABASE_URL"] = trio.run(_database_url, config)
