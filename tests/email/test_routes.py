@@ -114,6 +114,8 @@ async def test_list_filters_by_status_to_and_dates(client: httpx.AsyncClient) ->
     assert created.endswith("Z") and len(created) == len("2026-01-01T00:00:00.123456Z")
     one_ns_later = created[:-1] + "001Z"
     assert ok(await client.get("/emails", params={"start_date": one_ns_later}))["data"] == []
+    late = await client.get("/emails", params={"start_date": "9999-12-31T23:59:59.9999999Z"})
+    assert late.status_code == 400 and "start_date" in late.json()["error"]["message"]
     assert ok(await client.get("/emails", params={"end_date": "2000-01-01T00:00:00Z"}))[
         "data"
     ] == []

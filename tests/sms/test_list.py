@@ -118,6 +118,13 @@ async def test_a_start_finer_than_microseconds_excludes_what_came_before(
     # The same nanosecond as start and end is no inverted range: 200, nothing in it.
     moment = "2024-03-10T14:00:00.000000500Z"
     assert await listed(four, start_date=moment, end_date=moment) == []
+    # An end 100 ns before the start precedes it, within one microsecond too.
+    inverted = await four.get("/sms", params={
+        "start_date": "2024-03-10T14:00:00.0000001Z", "end_date": "2024-03-10T14:00:00Z"})
+    assert "end_date" in assert_error(inverted, 400, "BAD_REQUEST")
+    # The next microsecond after the last one a date can hold: 400, not 500.
+    late = await four.get("/sms", params={"start_date": "9999-12-31T23:59:59.9999999Z"})
+    assert "start_date" in assert_error(late, 400, "BAD_REQUEST")
 
 
 @pytest.mark.parametrize(

@@ -270,7 +270,7 @@ async def list_emails(call: Call, query: EmailQuery) -> dict[str, Any]:
         raise bad_request("invalid query: start_date: must carry a time zone (e.g. Z)")
     if query.end_date is not None and query.end_date.tzinfo is None:
         raise bad_request("invalid query: end_date: must carry a time zone (e.g. Z)")
-    if query.start_date and query.end_date and query.end_date < query.start_date:
+    if query.end_precedes_start:
         raise bad_request("invalid query: end_date: must not precede start_date")
     where = manage.EmailFilter(
         status=query.status, to=query.to, start=query.starts_from, end=query.end_date

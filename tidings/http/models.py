@@ -79,36 +79,54 @@ class ListQuery(Paging):
     """Paging and a list route's filters (which Paging keeps free of NUL characters)."""
 
 
-def finer_than_microseconds(value: str) -> bool:
-    """Whether the RFC 3339 ``value`` has non-zero digits past the microsecond."""
+def nanoseconds_past_microsecond(value: Any) -> int:
+    """The nanoseconds (0 to 999) that the RFC 3339 ``value`` gives past its
+    microsecond, which a ``datetime`` cannot hold; 0 for anything else."""
+    if not isinstance(value, str):
+        return 0
     found = _DATE_TIME.fullmatch(_SPACED_OFFSET.sub(r"\1+\2", value.strip()))
-    return found is not None and (found.group(3) or "")[6:].strip("0") != ""
+    return int(((found.group(3) if found else None) or "")[6:9].ljust(3, "0"))
 
 
 class CreatedRangeQuery(ListQuery):
     """A list filtered by creation time: ``start_date`` inclusive, ``end_date``
     inclusive. Times are kept to microseconds; a ``start_date`` with finer
     digits counts from the next microsecond (``starts_from``), so nothing
-    created before it is listed. ``start_date`` itself keeps the moment cut
-    to the microsecond, for the check that the end does not precede it."""
+    created before it is listed, and ``end_precedes_start`` compares the two
+    as given, to the nanosecond."""
 
     start_date: Moment | None = Field(None, description="Created at or after (RFC 3339)")
     end_date: Moment | None = Field(None, description="Created at or before (RFC 3339)")
     _starts_from: datetime | None = PrivateAttr(None)
+    _inverted: bool = PrivateAttr(False)
 
     @model_validator(mode="wrap")
     @classmethod
-    def _start_at_or_after(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+    def _exact_range(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
         query = handler(data)
-        query._starts_from = query.start_date
-        raw = data.get("start_date") if isinstance(data, dict) else None
-        if query.start_date is not None and isinstance(raw, str) and finer_than_microseconds(raw):
-            query._starts_from = query.start_date + timedelta(microseconds=1)
+        raw = data if isinstance(data, dict) else {}
+        start_ns = nanoseconds_past_microsecond(raw.get("start_date"))
+        end_ns = nanoseconds_past_microsecond(raw.get("end_date"))
+        start, end = query.start_date, query.end_date
+        query._starts_from = start
+        if start is not None and start_ns:
+            try:
+                query._starts_from = start + timedelta(microseconds=1)
+            except OverflowError:
+                raise ValueError("start_date: is out of range: after year 9999") from None
+        if start is not None and end is not None and (
+            (start.tzinfo is None) == (end.tzinfo is None)
+        ):
+            query._inverted = (end, end_ns) < (start, start_ns)
         return query
 
     @property
     def starts_from(self) -> datetime | None:
         return self._starts_from
+
+    @property
+    def end_precedes_start(self) -> bool:
+        return self._inverted
 
 
 class Resource(BaseModel):

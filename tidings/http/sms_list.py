@@ -52,7 +52,7 @@ async def list_sms(call: Call, query: SmsQuery) -> list[dict[str, Any]]:
         value = getattr(query, name)
         if value is not None and value.tzinfo is None:
             raise bad_request(f"invalid query: {name}: must carry an offset (Z or +hh:mm)")
-    if query.start_date and query.end_date and query.end_date < query.start_date:
+    if query.end_precedes_start:
         raise bad_request("invalid query: end_date: must not precede start_date")
     where = store.SmsFilter(
         status=query.status, sender=query.sender, start=query.starts_from,
