@@ -156,6 +156,25 @@ def test_a_url_setting_message_never_shows_the_password(
     assert PASSWORD not in done.stderr + done.stdout, line
 
 
+@pytest.mark.parametrize("separator", ["/", "?", "#"])
+@pytest.mark.parametrize(
+    ("name", "template"),
+    [
+        ("DATABASE_URL", "postgresql://tidings:Xy7{}Qz9w@db.internal:5432/tidings"),
+        ("TIDINGS_SMTP_URL", "smtp://user:Xy7{}Qz9w@mail.example.com:587"),
+    ],
+)
+def test_no_piece_of_a_password_with_a_delimiter_is_shown(
+    name: str, template: str, separator: str, tmp_path: Path
+) -> None:
+    """An unencoded ``/``, ``?`` or ``#`` splits the URL inside the password;
+    the message must not show a piece as a port, host or parameter."""
+    settings = {"DATABASE_URL": UNREACHABLE, name: template.format(separator)}
+    done = tidings(COMMANDS["serve"], tmp_path, **settings)
+    output = done.stderr + done.stdout
+    assert "Xy7" not in output and "Qz9w" not in output, output
+
+
 def test_a_host_that_does_not_resolve_is_not_a_database_failure(tmp_path: Path) -> None:
     for workers in ("1", "2"):
         done = tidings(

@@ -127,7 +127,9 @@ def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str,
 def shown_url(raw: str) -> str:
     """``raw`` as a message may show it: a password (``user:password@``, or a
     ``password``/``sslpassword`` parameter) becomes ``***``. Works on any text,
-    URL or not."""
+    URL or not. Messages about a URL show this and never a piece split out of
+    it: a password with an unencoded ``/``, ``?`` or ``#`` is split wrongly,
+    and its pieces would show as a port, a host or a parameter."""
     scheme, separator, rest = raw.partition("://")
     if not separator:
         scheme, rest = "", raw
@@ -158,8 +160,8 @@ def _database_url(env: Mapping[str, str]) -> str | None:
     try:
         parts = urlsplit(raw)
         query = parse_qs(parts.query, strict_parsing=True) if parts.query else {}
-    except ValueError as error:
-        raise SettingError(f"DATABASE_URL is not a URL ({error}): {shown_url(raw)!r}") from None
+    except ValueError:
+        raise SettingError(f"DATABASE_URL is not a URL: {shown_url(raw)!r}") from None
     # The host list as asyncpg reads it: host[:port] or [ipv6][:port], comma-separated.
     hosts = parts.netloc.partition("@")[2] if "@" in parts.netloc else parts.netloc
     ports = [p for values in query.get("port", []) for p in values.split(",")]
@@ -167,7 +169,7 @@ def _database_url(env: Mapping[str, str]) -> str | None:
         if spec.startswith("["):
             found = re.match(r"\[[^\]]+\](?::(.*))?$", spec)
             if found is None:
-                raise SettingError(f"DATABASE_URL has a bad host: {spec!r}")
+                raise SettingError(f"DATABASE_URL has a bad host: {shown_url(raw)!r}")
             ports.append(unquote(found.group(1) or ""))
         elif not spec:
             raise SettingError(f"DATABASE_URL has an empty host in {shown_url(raw)!r}")
@@ -175,7 +177,7 @@ def _database_url(env: Mapping[str, str]) -> str | None:
             ports.append(unquote(spec.partition(":")[2]))
     for text in ports:
         if text and _port(text) is None:
-            raise SettingError(f"DATABASE_URL has a bad port: {text!r} (1 to 65535)")
+            raise SettingError(f"DATABASE_URL has a bad port (1 to 65535): {shown_url(raw)!r}")
     return raw
 
 
@@ -206,8 +208,8 @@ def _split_url(raw: str, name: str) -> tuple[SplitResult, int | None]:
         raise SettingError(f"{name} must not contain spaces or control characters: {shown!r}")
     try:
         parts = urlsplit(raw)
-    except ValueError as error:
-        raise SettingError(f"{name} is not a URL ({error}): {shown!r}") from None
+    except ValueError:
+        raise SettingError(f"{name} is not a URL: {shown!r}") from None
     try:
         port = parts.port
     except ValueError:
@@ -249,7 +251,9 @@ def parse_smtp_url(raw: str, name: str = "TIDINGS_SMTP_URL") -> SmtpUrl:
     starttls: StartTls = "off" if implicit else "auto"
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if key != "starttls":
-            raise SettingError(f"{name}: unknown parameter {key!r}; only starttls is known")
+            # A parameter of a URL with user info may be a piece of its password.
+            which = repr(key) if "@" not in raw else f"in {shown!r}"
+            raise SettingError(f"{name}: unknown parameter {which}; only starttls is known")
         if value not in ("require", "auto", "off"):
             raise SettingError(f"{name}: starttls must be require, auto or off, not {value!r}")
         if implicit and value != "off":
