@@ -16,6 +16,26 @@ import trio
 from tests.test_e2e import free_port, service_env, wait_healthy
 
 
+def workers_command(port: int) -> list[str]:
+    return [sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "2"]
+
+
+async def start_set(data_dir: Path) -> tuple[int, dict[str, str], trio.Process]:
+    """A healthy ``--workers 2`` set on a free port: its port, environment and process."""
+    port = free_port()
+    env = service_env(data_dir)
+    process = await trio.lowlevel.open_process(
+        workers_command(port), env=env, stderr=subprocess.DEVNULL)
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", process)
+    except BaseException:
+        process.kill()
+        await process.wait()
+        raise
+    return port, env, process
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -27,10 +47,7 @@ def alive(pid: int) -> bool:
 async def test_two_workers_share_the_port_and_stop_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--workers", "2",
-    ]
+    command = workers_command(port)
     process = await trio.lowlevel.open_process(
         command, env=service_env(tmp_path / "data"), stderr=subprocess.DEVNULL
     )
@@ -60,16 +77,9 @@ async def test_two_workers_share_the_port_and_stop_on_sigterm(tmp_path: Path) ->
 async def test_workers_on_the_embedded_database_replay_sealed_responses(tmp_path: Path) -> None:
     """A response that shows a secret is stored sealed; every worker can open it,
     so a retry of the request replays it whichever worker takes it."""
-    port = free_port()
+    port, env, process = await start_set(tmp_path / "data")
     url = f"http://127.0.0.1:{port}"
-    env = service_env(tmp_path / "data")
-    command = [
-        sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--workers", "2",
-    ]
-    process = await trio.lowlevel.open_process(command, env=env, stderr=subprocess.DEVNULL)
     try:
-        await wait_healthy(url, process)
         created = await trio.run_process(
             [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all",
              "--step-up"],
@@ -101,16 +111,10 @@ async def test_workers_refuse_a_taken_port_and_finish_slow_requests_on_sigterm(
     """A second set of workers does not join the first one's port (SO_REUSEPORT
     would split its traffic between two services); on SIGTERM a request in
     flight longer than 10 s still finishes within the grace, and the set exits 0."""
-    port = free_port()
+    port, env, process = await start_set(tmp_path / "data")
     url = f"http://127.0.0.1:{port}"
-    env = service_env(tmp_path / "data")
-    command = [
-        sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--workers", "2",
-    ]
-    process = await trio.lowlevel.open_process(command, env=env, stderr=subprocess.DEVNULL)
+    command = workers_command(port)
     try:
-        await wait_healthy(url, process)
         with trio.fail_after(60):
             second = await trio.run_process(
                 command, env=service_env(tmp_path / "other"), capture_stderr=True, check=False)
@@ -154,10 +158,7 @@ async def test_workers_refuse_a_taken_port_and_finish_slow_requests_on_sigterm(
 
 async def test_two_sets_started_at_once_do_not_share_a_port(tmp_path: Path) -> None:
     port = free_port()
-    command = [
-        sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--workers", "2",
-    ]
+    command = workers_command(port)
     sets = [
         await trio.lowlevel.open_process(
             command, env=service_env(tmp_path / f"data{n}"), stderr=subprocess.DEVNULL)
@@ -197,10 +198,7 @@ def children(pid: int) -> list[str]:
 async def test_workers_stopped_while_starting_exit_0(tmp_path: Path) -> None:
     """SIGTERM while the embedded database starts, or just after the workers
     were started, stops everything cleanly: exit status 0."""
-    command = [
-        sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1",
-        "--port", str(free_port()), "--workers", "2",
-    ]
+    command = workers_command(free_port())
     moments = {
         "while the database starts": lambda pid, data: any(data.rglob("postmaster.pid")),
         "as the workers start": lambda pid, data: len(children(pid)) >= 2,
