@@ -349,6 +349,9 @@ class FrontDoor:
 
     def _error(self, error: Exception, method: str, path: str, limit: int | None) -> Answer:
         """The answer of the app's error handlers to ``error``."""
+        if unavailable(error):
+            log.warning("storage unavailable in %s %s: %s", method, path, error)
+            error = storage_unavailable()
         if isinstance(error, ApiError):
             return self._answer(
                 error.status, error_body(error.code, error.message), error.headers
@@ -363,12 +366,6 @@ class FrontDoor:
             )
         if isinstance(error, HTTPException):
             return self._answer(*http_error_answer(error, method, path, limit))
-        if unavailable(error):
-            log.warning("storage unavailable in %s %s: %s", method, path, error)
-            refusal = storage_unavailable()
-            return self._answer(
-                refusal.status, error_body(refusal.code, refusal.message), refusal.headers
-            )
         log.error("unhandled error in %s %s", method, path, exc_info=error)
         return self._answer(500, INTERNAL, {})
 
