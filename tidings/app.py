@@ -13,7 +13,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from tidings.config import Config
-from tidings.http import protocol_errors
+from tidings.http import lean_connections
 from tidings.http.app import create_app
 from tidings.http.connection import SoundConnections
 from tidings.service import Service, open_service
@@ -23,6 +23,10 @@ log = logging.getLogger("tidings")
 # The time requests in flight get to finish after a shutdown begins; Tidings
 # passes its TIDINGS_SHUTDOWN_GRACE_SECONDS.
 DEFAULT_GRACE_SECONDS = 30.0
+# How long an idle kept-alive connection stays open (longer than the 60 s that
+# load balancers commonly keep theirs, so the server is not the one to close
+# a connection a balancer is about to reuse).
+KEEP_ALIVE_SECONDS = 75.0
 
 
 def reusable_socket(host: str, port: int) -> int:
@@ -51,6 +55,7 @@ async def serve_asgi(
     *,
     reuse_port: bool = False,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    keep_alive_seconds: float = KEEP_ALIVE_SECONDS,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -62,13 +67,13 @@ async def serve_asgi(
     Tidings). (``python -m bench api`` serves its bare comparison app with
     this too.)
     """
-    protocol_errors.install()
+    lean_connections.install()
     http_config = HypercornConfig()
     http_config.bind = [f"fd://{reusable_socket(host, port)}" if reuse_port else f"{host}:{port}"]
     http_config.graceful_timeout = grace_seconds
     http_config.accesslog = None
     http_config.errorlog = logging.getLogger("hypercorn.error")
-    http_config.keep_alive_timeout = 75
+    http_config.keep_alive_timeout = keep_alive_seconds
     stopping = trio.Event()
 
     async def stop_when_triggered() -> None:

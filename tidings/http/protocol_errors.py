@@ -5,9 +5,9 @@ A request line or header that h11 cannot parse, or a head over hypercorn's
 ASGI application runs, with an empty body. CONTRACT §2 allows nothing but
 the error envelope, so this module gives hypercorn's HTTP/1.1 protocol a
 subclass whose error answers carry one. Hypercorn has no setting for that
-answer. The subclass replaces the one name that hypercorn's
-``ProtocolWrapper`` looks up (``hypercorn.protocol.H11Protocol``), and
-``install()`` checks that the pinned hypercorn still works that way.
+answer. ``tidings/http/lean_connections.py`` builds on this subclass and
+puts the result in place of the one name that hypercorn's
+``ProtocolWrapper`` looks up (``hypercorn.protocol.H11Protocol``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 from itertools import chain
 
 import h11
-import hypercorn.protocol
 import trio
 from hypercorn.events import Closed
 from hypercorn.protocol.h11 import H11Protocol
@@ -86,12 +85,3 @@ class EnvelopeH11Protocol(H11Protocol):
         await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 
-
-def install() -> None:
-    """Make hypercorn answer protocol errors with envelopes (idempotent)."""
-    current = getattr(hypercorn.protocol, "H11Protocol", None)
-    if current is EnvelopeH11Protocol:
-        return
-    if current is not H11Protocol:
-        raise RuntimeError("hypercorn.protocol.H11Protocol is not hypercorn's own: cannot install")
-    setattr(hypercorn.protocol, "H11Protocol", EnvelopeH11Protocol)  # noqa: B010

@@ -1,0 +1,190 @@
+"""The connection bookkeeping of ``tidings/http/lean_connections.py``, on a real server.
+
+A plain ASGI function is served by ``tidings.app.serve_asgi`` (hypercorn's
+trio worker with Tidings' connection classes) on a loopback port, with a
+short keep-alive timeout, and raw sockets play the client: the keep-alive
+timer closes an idle connection on time and never a busy or recently used
+one, the server's stop closes idle connections at once, a connection the
+client closed ends on the server too, and a small response arrives in one
+write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+
+from tidings.app import serve_asgi
+
+KEEP_ALIVE = 0.5
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+    while (await receive()).get("more_body"):
+        pass
+    if scope["path"].startswith("/slow"):
+        await trio.sleep(float(scope["path"].rsplit("/", 1)[1]))
+    body = b'{"path": "%s"}' % scope["path"].encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Server:
+    def __init__(self, port: int, stop: trio.Event, stopped: trio.Event) -> None:
+        self.port = port
+        self.stop = stop
+        self.stopped = stopped
+
+    async def connect(self) -> trio.SocketStream:
+        return await trio.open_tcp_stream("127.0.0.1", self.port)
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery) -> AsyncIterator[Server]:
+    stop = trio.Event()
+    stopped = trio.Event()
+
+    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            await serve_asgi(app, "127.0.0.1", 0, grace_seconds=5, keep_alive_seconds=KEEP_ALIVE,
+                             shutdown_trigger=stop.wait, task_status=task_status)
+        finally:
+            stopped.set()
+
+    binds = await nursery.start(run)
+    yield Server(int(binds[0].rsplit(":", 1)[1]), stop, stopped)
+    stop.set()
+
+
+def request(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode()
+
+
+async def read_response(stream: trio.SocketStream) -> bytes:
+    """One whole response, however many reads it takes."""
+    data = b""
+    with trio.fail_after(5):
+        while True:
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"the server closed the connection mid-response: {data!r}"
+            data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            if _ and len(body) >= int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]):
+                return data
+
+
+async def closed_within(stream: trio.SocketStream, seconds: float) -> bool:
+    with trio.move_on_after(seconds):
+        return await stream.receive_some(65536) == b""
+    return False
+
+
+async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(server: Server) -> None:
+    stream = await server.connect()
+    await stream.send_all(request("/a"))
+    await read_response(stream)
+    started = trio.current_time()
+    assert await closed_within(stream, KEEP_ALIVE + 2)
+    assert trio.current_time() - started >= KEEP_ALIVE * 0.9
+
+
+async def test_a_connection_in_use_outlives_the_timeout(server: Server) -> None:
+    stream = await server.connect()
+    started = trio.current_time()
+    for n in range(8):  # 8 × 0.2 s: each request rearms the timer
+        await stream.send_all(request(f"/{n}"))
+        assert b'"/%d"' % n in await read_response(stream)
+        await trio.sleep(KEEP_ALIVE * 0.4)
+    assert trio.current_time() - started > KEEP_ALIVE * 3
+
+
+async def test_a_request_longer_than_the_timeout_is_answered(server: Server) -> None:
+    stream = await server.connect()
+    await stream.send_all(request(f"/slow/{KEEP_ALIVE * 2.5}"))
+    assert b"HTTP/1.1 200 " in await read_response(stream)
+    await stream.send_all(request("/after"))
+    assert b'"/after"' in await read_response(stream)
+
+
+async def test_a_connection_its_client_closed_ends_on_the_server(server: Server) -> None:
+    await trio.sleep(0.1)
+    before = trio.lowlevel.current_statistics().tasks_living
+    streams = [await server.connect() for _ in range(10)]
+    for stream in streams:
+        await stream.send_all(request("/x"))
+        await read_response(stream)
+    assert trio.lowlevel.current_statistics().tasks_living > before
+    for stream in streams:
+        await stream.aclose()
+    # Well before the keep-alive timeout, every task of those connections is gone.
+    with trio.fail_after(KEEP_ALIVE * 0.6):
+        while trio.lowlevel.current_statistics().tasks_living > before:
+            await trio.sleep(0.01)
+
+
+async def test_stopping_closes_idle_connections_at_once_and_lets_busy_ones_finish(
+    server: Server,
+) -> None:
+    idle = await server.connect()
+    await idle.send_all(request("/idle"))
+    await read_response(idle)
+    busy = await server.connect()
+    await busy.send_all(request("/slow/0.3"))
+    await trio.sleep(0.1)
+    started = trio.current_time()
+    server.stop.set()
+    assert await closed_within(idle, KEEP_ALIVE * 0.6)
+    reply = await read_response(busy)
+    assert b"HTTP/1.1 200 " in reply
+    assert await closed_within(busy, 1)
+    with trio.fail_after(2):
+        await server.stopped.wait()
+    assert trio.current_time() - started < 2
+
+
+async def test_a_small_response_arrives_in_one_write(server: Server) -> None:
+    # The client waits in its read before the response is written; a head
+    # and a body written separately would wake it with the head alone.
+    stream = await server.connect()
+    for n in range(30):
+        await stream.send_all(request(f"/slow/0.005?{n}"))
+        with trio.fail_after(5):
+            first = await stream.receive_some(65536)
+        assert first.endswith(b'{"path": "/slow/0.005"}'), first
+
+
+async def test_a_response_whose_application_ends_without_a_body_still_goes_out(
+    nursery: trio.Nursery,
+) -> None:
+    async def headless(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await app(scope, receive, send)
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+
+    stop = trio.Event()
+    binds = await nursery.start(_serve, headless, stop.wait)
+    stream = await trio.open_tcp_stream("127.0.0.1", int(binds[0].rsplit(":", 1)[1]))
+    await stream.send_all(request("/"))
+    with trio.fail_after(5):
+        first = await stream.receive_some(65536)
+    assert first.startswith(b"HTTP/1.1 204"), first
+    stop.set()
+
+
+async def _serve(
+    asgi: Any, trigger: Callable[[], Awaitable[None]], task_status: trio.TaskStatus[list[str]],
+) -> None:
+    await serve_asgi(asgi, "127.0.0.1", 0, grace_seconds=2, keep_alive_seconds=KEEP_ALIVE,
+                     shutdown_trigger=trigger, task_status=task_status)

@@ -1,0 +1,166 @@
+"""Hypercorn's HTTP/1.1 connections on trio, without the work a request does not need.
+
+Two pieces of hypercorn's per-request bookkeeping cost more CPU than they
+are worth (measured with a bare ASGI function on hypercorn's trio worker,
+``POST`` of a small JSON body, wrk with 16 connections: 1.6–1.9 ms of CPU a
+request before, 1.1 ms after; docs/benchmarks.md, "The connection's own
+costs"):
+
+- **The keep-alive timer.** Hypercorn stops the timer when a request arrives
+  and starts it again when the response is done, each time by cancelling a
+  task and starting a new one with ``nursery.start``. ``KeepAliveTimer``
+  keeps one task for the life of the connection and moves its deadline
+  instead: arming and disarming are assignments, with no task switch.
+- **The response's writes.** Hypercorn writes a response's head, its body
+  and its end (an empty write for a ``Content-Length`` body) separately,
+  each under the connection's send lock and a shielded cancel scope.
+  ``LeanH11Protocol`` holds the head back and writes it with the first body
+  bytes, the way uvicorn does: a small response is one write.
+
+Neither has a setting in hypercorn, so ``install()`` puts the two classes
+in place of the names hypercorn's trio worker looks up
+(``hypercorn.trio.run.TCPServer`` and ``hypercorn.protocol.H11Protocol``),
+after checking that the pinned hypercorn still has the shape they rely on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import h11
+import hypercorn.protocol
+import hypercorn.trio.run
+import trio
+from hypercorn.events import RawData
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import TCPServer
+
+from tidings.http.protocol_errors import EnvelopeH11Protocol
+
+
+class KeepAliveTimer:
+    """The keep-alive timer of one connection: one task whose deadline moves.
+
+    It behaves as hypercorn's own timer (``TCPServer._idle_timeout``): once
+    the connection has been idle for ``keep_alive_timeout`` seconds, or at
+    once when the server is stopping and the connection is idle, the server
+    closes the connection. ``restart`` arms it (the connection became idle)
+    and ``stop`` disarms it (a request arrived); neither waits.
+    """
+
+    def __init__(self, server: TCPServer) -> None:
+        self._server = server
+        self._armed = False
+        self._deadline = math.inf
+        self._scope: trio.CancelScope | None = None
+        self._watching = False
+        self._finished = False
+
+    async def restart(self, task_group: Any, action: Any) -> None:
+        """Arm the timer. ``action`` is hypercorn's own timeout, which this replaces."""
+        self._armed = True
+        if self._server.context.terminated.is_set():
+            self._set_deadline(-math.inf)  # stopping: an idle connection ends now
+        else:
+            self._set_deadline(trio.current_time() + self._server.config.keep_alive_timeout)
+        if not self._watching and not self._finished:
+            self._watching = True
+            task_group._nursery.start_soon(self._watch)
+
+    async def stop(self) -> None:
+        """Disarm the timer while a request is served."""
+        self._armed = False
+        self._set_deadline(math.inf)
+
+    def close(self) -> None:
+        """End the timer: nothing more is read from the connection, which ends."""
+        self._finished = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _set_deadline(self, deadline: float) -> None:
+        self._deadline = deadline
+        if self._scope is not None:
+            self._scope.deadline = deadline
+
+    async def _watch(self) -> None:
+        terminated = self._server.context.terminated
+        while not self._finished:
+            with trio.CancelScope(deadline=self._deadline) as scope:
+                self._scope = scope
+                if terminated.is_set():
+                    await trio.sleep_forever()
+                else:
+                    await terminated.wait()
+            self._scope = None
+            due = self._armed and (terminated.is_set() or trio.current_time() >= self._deadline)
+            if due and not self._finished:
+                # Idle past the deadline, or idle while the server stops. (When
+                # not due, a request came in meanwhile, or came and went and
+                # the timer was armed again: the deadline that holds now counts.)
+                with trio.CancelScope(shield=True):
+                    await self._server._initiate_server_close()
+                return
+
+
+class LeanTCPServer(TCPServer):
+    """Hypercorn's trio connection, with the keep-alive timer above."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.idle_task = KeepAliveTimer(self)  # type: ignore[assignment]
+
+    async def _read_data(self) -> None:
+        # Hypercorn's own timer outlives a connection that its client closed
+        # while idle, until the keep-alive timeout; this one ends with it.
+        try:
+            await super()._read_data()
+        finally:
+            self.idle_task.close()  # type: ignore[attr-defined]
+
+
+class LeanH11Protocol(EnvelopeH11Protocol):
+    """Hypercorn's HTTP/1.1 protocol (with Tidings' error envelopes) whose
+    response head goes out with the first body bytes, in one write."""
+
+    _head = b""
+
+    async def _send_h11_event(self, event: Any) -> None:
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+            return
+        if isinstance(event, h11.Response):
+            self._head = data  # written with what follows it
+            return
+        head, self._head = self._head, b""
+        if head or data:
+            await self.send(RawData(data=head + data))
+
+    async def _maybe_recycle(self) -> None:
+        head, self._head = self._head, b""
+        if head:  # a response that ended without a body message
+            await self.send(RawData(data=head))
+        await super()._maybe_recycle()
+
+
+def install() -> None:
+    """Put the lean connection classes in place in hypercorn (idempotent)."""
+    _replace(hypercorn.trio.run, "TCPServer", TCPServer, LeanTCPServer)
+    if not all(hasattr(TCPServer, name) for name in ("_initiate_server_close", "_idle_timeout")):
+        raise RuntimeError("hypercorn's TCPServer has changed: cannot install its keep-alive timer")
+    _replace(hypercorn.protocol, "H11Protocol", H11Protocol, LeanH11Protocol)
+    if not all(hasattr(H11Protocol, name) for name in ("_send_h11_event", "_maybe_recycle")):
+        raise RuntimeError("hypercorn's H11Protocol has changed: cannot install its writes")
+
+
+def _replace(module: Any, name: str, original: type, replacement: type) -> None:
+    current = getattr(module, name, None)
+    if current is replacement:
+        return
+    if current is not original:
+        raise RuntimeError(f"{module.__name__}.{name} is not hypercorn's own: cannot install")
+    setattr(module, name, replacement)
