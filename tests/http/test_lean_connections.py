@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 
+from bench import bare
 from tidings.app import serve_asgi
 
 KEEP_ALIVE = 0.5
@@ -24,11 +25,8 @@ KEEP_ALIVE = 0.5
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            await send({"type": message["type"] + ".complete"})
-            if message["type"] == "lifespan.shutdown":
-                return
+        await bare.asgi_app(scope, receive, send)  # start-up and shutdown only
+        return
     while (await receive()).get("more_body"):
         pass
     if scope["path"].startswith("/slow"):
