@@ -50,6 +50,20 @@ def test_after_unknown_only_what_the_provider_can_report() -> None:
     assert not may_move("unknown", "processing")
 
 
+def test_unknown_does_not_take_a_message_back() -> None:
+    # Only past the furthest status reached before unknown.
+    assert not may_move("unknown", "submitted", reached="sent")
+    assert not may_move("unknown", "sent", reached="sent")
+    assert may_move("unknown", "sent", reached="submitted")
+    assert may_move("unknown", "delivered", reached="sent")
+    assert moves("sent", ["unknown", "submitted", "unknown", "sent", "delivered"]) == [
+        "unknown", "delivered",
+    ]
+    assert moves("queued", ["unknown", "submitted", "unknown", "submitted", "sent"]) == [
+        "unknown", "submitted", "unknown", "sent",
+    ]
+
+
 def test_late_and_repeated_reports_are_ignored() -> None:
     assert moves("sent", ["submitted", "sent", "delivered", "sent", "failed"]) == ["delivered"]
     assert moves("delivered", ["undelivered"]) == []

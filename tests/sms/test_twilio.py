@@ -130,6 +130,24 @@ async def test_status_callbacks_are_verified_and_move_forward_only(
     assert_error(tampered, 403, "FORBIDDEN")
 
 
+async def test_unknown_between_callbacks_never_takes_a_message_back(
+    client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    sms = await sent_through_twilio(client)
+    # "bogus" is a status Tidings does not know: unknown. "queued" is submitted.
+    for status in ("sent", "bogus", "queued", "bogus", "queued", "sent"):
+        answer = await callback(http, MessageSid=sms["message_id"], MessageStatus=status)
+        assert answer.status_code == 200
+    assert ok(await client.get(f"/sms/{sms['id']}"))["last_event"] == "unknown"
+    # Each callback is recorded in its own transaction: the furthest status
+    # reached before unknown is read back from the message's events.
+    await callback(http, MessageSid=sms["message_id"], MessageStatus="delivered")
+    assert ok(await client.get(f"/sms/{sms['id']}"))["last_event"] == "delivered"
+    assert [t.removeprefix("message.") for t in await event_types(client, sms["id"])] == [
+        "queued", "processing", "submitted", "sent", "unknown", "delivered",
+    ]
+
+
 async def test_a_failure_callback_records_the_code(
     client: httpx.AsyncClient, http: httpx.AsyncClient
 ) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from tidings.providers.sms import SmsStatus
-from tidings.sms_states import FINAL, may_move
+from tidings.sms_states import FINAL, furthest, may_move
 from tidings.storage.connection import Connection, Row
 from tidings.storage.emails import Clock
 from tidings.storage.events import FANOUT
@@ -52,8 +52,11 @@ RECORD_CHANGES = f"WITH {CHANGE}, {RECORDED} SELECT woken FROM woken"
 # The messages that reports name, locked: moves are decided against the
 # status as it is, one transaction at a time.
 LOCK = """
-SELECT id, team_id, to_number, from_sender, segments, status, message_id
-FROM sms_messages WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE
+SELECT id, team_id, to_number, from_sender, segments, status, message_id,
+       CASE WHEN status = 'unknown' THEN ARRAY(
+           SELECT e.status FROM sms_events e WHERE e.sms_id = m.id
+       ) ELSE '{}' END AS earlier
+FROM sms_messages m WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE
 """
 
 APPLY = """
@@ -139,6 +142,8 @@ class _Moving:
 
     row: Row
     status: str
+    # The furthest of queued to sent that the message has been in.
+    reached: str | None
     changes: list[Change] = field(default_factory=list)
     message_id: str | None = None
     failure: tuple[str | None, str | None] = (None, None)
@@ -150,10 +155,11 @@ def _apply(moving: _Moving, report: Report, at: datetime) -> None:
     row = moving.row
     if report.message_id is not None:
         moving.message_id = report.message_id
-    if not may_move(moving.status, report.status):
+    if not may_move(moving.status, report.status, moving.reached):
         log.info("sms %s: ignored %s after %s", report.sms_id, report.status, moving.status)
         return
     moving.status = report.status
+    moving.reached = furthest([report.status, moving.reached or report.status])
     if report.status in ("submitted", "sent") and moving.submitted_at is None:
         moving.submitted_at = at
     if report.status == "delivered":
@@ -179,7 +185,10 @@ async def record_reports(conn: Connection, reports: Sequence[Report]) -> list[Ch
         return []
     async with conn.transaction():
         rows = await conn.fetch(LOCK, list({r.sms_id for r in reports}))
-        moving = {row["id"]: _Moving(row, row["status"]) for row in rows}
+        moving = {
+            row["id"]: _Moving(row, row["status"], furthest([row["status"], *row["earlier"]]))
+            for row in rows
+        }
         clock = Clock()
         for report in reports:
             found = moving.get(report.sms_id)
