@@ -178,6 +178,22 @@ async def test_search_is_partial_and_case_insensitive_across_four_fields(
     assert bodies(await listed(four, search=term)) == expected
 
 
+async def test_search_ignores_case_for_letters_lower_case_leaves_apart(
+    sms_client: httpx.AsyncClient,
+) -> None:
+    for body in ("Καλώς ήρθες Οδυσσέας", "Grüße aus der Straße"):
+        await send(sms_client, to="+14155550100", body=body)
+    for term, expected in [
+        ("ΟΔΥΣΣΈΑΣ", ["Καλώς ήρθες Οδυσσέας"]),  # capital Σ, final ς
+        ("οδυσσέασ", ["Καλώς ήρθες Οδυσσέας"]),
+        ("ΟΔΥΣΣΈΑς", ["Καλώς ήρθες Οδυσσέας"]),
+        ("STRASSE", ["Grüße aus der Straße"]),  # ß and SS
+        ("straße", ["Grüße aus der Straße"]),
+        ("GRÜSSE AUS", ["Grüße aus der Straße"]),
+    ]:
+        assert bodies(await listed(sms_client, search=term)) == expected, term
+
+
 async def test_filters_combine(four: httpx.AsyncClient) -> None:
     found = await listed(four, status="delivered", sender="Shop", search="10",
                          start_date="2024-03-10T00:00:00Z", end_date="2024-03-11T00:00:00Z")

@@ -7,7 +7,7 @@ generic plan never has to serve every combination:
 
 * no filter, ``status``, ``sender`` and the date range walk an index of
   (team, [status | sender,] created_at DESC) and stop after the page;
-* ``search`` matches the lowercased ``search`` column (recipient, sender,
+* ``search`` matches the folded ``search`` column (recipient, sender,
   body, provider id) with strpos, in two steps, because the planner cannot
   tell a common term from a rare one. First the newest WINDOW rows of the
   other filters, in index order: a common term fills its page there. If it
@@ -44,7 +44,7 @@ _FILTERS: tuple[tuple[str, str], ...] = (
     ("end", "created_at <= {p}"),
     # strpos, not LIKE: a plain substring search (the column's collation is
     # deterministic), several times faster than LIKE's pattern matching.
-    ("search", "strpos(search, lower({p})) > 0"),
+    ("search", "strpos(search, sms_fold({p})) > 0"),
     ("pieces", "sms_pieces(search) @@ sms_pieces_query({p})"),
 )
 ORDER = "ORDER BY created_at DESC, id DESC"
@@ -88,7 +88,7 @@ LIMIT $2 OFFSET $3
         {ORDER}
         LIMIT {WINDOW}
     ) newest
-    WHERE strpos(search, lower(${numbers["search"]})) > 0
+    WHERE strpos(search, sms_fold(${numbers["search"]})) > 0
     {ORDER}
     LIMIT $2 OFFSET $3"""
     else:
