@@ -130,6 +130,13 @@ async def test_names(client: httpx.AsyncClient) -> None:
             await client.post("/domains", json={"name": bad}), 400, "BAD_REQUEST"
         )
         assert "name" in message, (bad, message)
+    # Special-use names (RFC 6761): no address can be sent from them.
+    for special in ("shop.test", "mail.example.invalid", "printer.local", "app.localhost",
+                    "hidden.onion", "1.168.192.in-addr.arpa", "R1.TEST."):
+        message = assert_error(
+            await client.post("/domains", json={"name": special}), 400, "BAD_REQUEST"
+        )
+        assert "name" in message and "special-use" in message, (special, message)
     assert_error(await client.post("/domains", json={}), 400, "BAD_REQUEST")
     assert_error(await client.post("/domains", json={"name": 5}), 400, "BAD_REQUEST")
     assert_error(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
+import email_validator
 import idna
 
 LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
@@ -56,4 +57,18 @@ def domain_name(raw: str) -> str:
                 raise ValueError(f"label {label!r} is not a valid xn-- label") from None
     if labels[-1].isdigit():
         raise ValueError("the last label must not be all digits")
+    return name
+
+
+def sending_domain_name(raw: str) -> str:
+    """``domain_name(raw)``, refusing the special-use names (RFC 6761: ``.test``,
+    ``.invalid``, ``.localhost`` and the like) that no address can be sent
+    from: the same list that the address check (email-validator) applies."""
+    name = domain_name(raw)
+    for special in email_validator.SPECIAL_USE_DOMAIN_NAMES:
+        if name == special or name.endswith("." + special):
+            raise ValueError(
+                f"{name} is under .{special}, a special-use name that email cannot be "
+                "sent from"
+            )
     return name

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from tidings.email import dkim
 from tidings.email.dns import LookupFailed
-from tidings.email.names import domain_name
+from tidings.email.names import sending_domain_name
 from tidings.email.records import Purpose, Status, records_for
 from tidings.email.verification import outcome, statuses_of
 from tidings.http.envelope import ApiError, conflict, not_found
@@ -37,7 +37,7 @@ class CreateDomain(RequestBody):
     @field_validator("name")
     @classmethod
     def valid_name(cls, value: str) -> str:
-        return domain_name(value)
+        return sending_domain_name(value)
 
 
 class RecordOut(BaseModel):
