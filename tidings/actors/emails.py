@@ -40,15 +40,14 @@ from tidings.providers.email import (
     OutgoingEmail,
 )
 from tidings.storage import emails_sending as store
+from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
-from tidings.storage.domains import SendingDomain, sending_domain
+from tidings.storage.domains import SendingDomain, domain_key, verified_domain_ids
 from tidings.storage.emails import DUE_CHANNEL, Change, Clock, recipients_text
 
 log = logging.getLogger("tidings.emails")
 
 IDLE_SECONDS = 30.0
-# How long a sending domain's key is used before it is read again.
-DOMAIN_TTL_SECONDS = 30.0
 FOLLOWUP_BATCH = 1000
 FOLLOWUPS = "followups"
 
@@ -66,19 +65,24 @@ class Emails:
         self.followups: Due[str] | None = None
         # Attempts by what they recorded: sent, retrying, failed, suppressed.
         self.attempts: Counter[str] = Counter()
-        self._domains: dict[tuple[UUID, str], tuple[float, SendingDomain | None]] = {}
+        self._keys: dict[UUID, SendingDomain] = {}
 
-    async def domain(self, team_id: UUID, name: str) -> SendingDomain | None:
-        """The team's verified domain ``name`` with its key, read at most every 30 s."""
-        key = (team_id, name)
-        now = trio.current_time()
-        cached = self._domains.get(key)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        found = await self.db.run(sending_domain, team_id, name)
-        if len(self._domains) > 10_000:
-            self._domains.clear()
-        self._domains[key] = (now + DOMAIN_TTL_SECONDS, found)
+    async def domain(self, domain_id: UUID | None) -> SendingDomain | None:
+        """The key of the verified domain ``domain_id`` (None: not verified).
+
+        Whether a domain is verified is read with every claim (``claim``);
+        only its name and key, which never change, are kept here.
+        """
+        if domain_id is None:
+            return None
+        found = self._keys.get(domain_id)
+        if found is None:
+            found = await self.db.run(domain_key, domain_id)
+            if found is None:
+                return None  # deleted since the claim
+            if len(self._keys) > 10_000:
+                self._keys.clear()
+            self._keys[domain_id] = found
         return found
 
     def retry_at(self, attempt: int, now: datetime) -> datetime | None:
@@ -88,8 +92,9 @@ class Emails:
             return None
         return now + timedelta(seconds=schedule[attempt - 1] * random.uniform(1.0, 1.1))
 
-    async def attempt(self, email: store.Claimed) -> store.Attempted:
-        """Send ``email`` once to its recipients still to try; what to record."""
+    async def attempt(self, email: store.Claimed, domain_id: UUID | None) -> store.Attempted:
+        """Send ``email`` once to its recipients still to try, from its domain
+        ``domain_id`` (None: not a verified domain of the team); what to record."""
         provider = self.provider.name
         clock = Clock()
         data = email.data()
@@ -100,7 +105,7 @@ class Emails:
             for address in email.send_to if address in blocked
         ]
         recipients = [a for a in email.send_to if a not in blocked]
-        domain = await self.domain(email.team_id, email.domain) if recipients else None
+        domain = await self.domain(domain_id) if recipients else None
         if not recipients:
             result = EmailResult(provider, None)
         elif domain is None:
@@ -188,6 +193,17 @@ class Emails:
         )
 
 
+async def claim_with_domains(
+    conn: AsyncioConnection, team_id: UUID, owner: UUID, lease_seconds: float, limit: int
+) -> tuple[list[store.Claimed], float | None, dict[str, UUID]]:
+    """``store.claim``, and which of the claimed emails' domains are verified
+    domains of the team at this moment (by name, with their ids): a domain
+    deleted or failed a moment ago sends nothing more, in any process."""
+    claimed, next_in = await store.claim(conn, team_id, owner, lease_seconds, limit)
+    verified = await verified_domain_ids(conn, team_id, {item.domain for item in claimed})
+    return claimed, next_in, verified
+
+
 class SendJob:
     """What the actor of one team does with its leased emails.
 
@@ -202,6 +218,8 @@ class SendJob:
         self._emails = emails
         self._held: set[UUID] = set()
         self._lost: set[UUID] = set()
+        # Of each claimed email, its verified domain's id as the claim found it.
+        self._domain_ids: dict[UUID, UUID | None] = {}
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[object]:
@@ -222,17 +240,20 @@ class SendJob:
 
     async def claim(self, limit: int) -> Batch[store.Claimed]:
         emails = self._emails
-        claimed, next_in = await emails.db.run(
-            store.claim, self._team_id, emails.owner, emails.config.email_lease_seconds, limit
+        claimed, next_in, verified = await emails.db.run(
+            claim_with_domains, self._team_id, emails.owner,
+            emails.config.email_lease_seconds, limit,
         )
         self._held.update(item.id for item in claimed)
+        self._domain_ids.update({item.id: verified.get(item.domain) for item in claimed})
         return Batch(claimed, next_in)
 
     async def perform(self, item: store.Claimed) -> store.Attempted:
+        domain_id = self._domain_ids.pop(item.id, None)
         if item.id in self._lost:
             # Another process may have it now: leave it alone (recording will skip it).
             return store.Attempted(item, None, None, None, None, self._emails.provider.name, [])
-        return await self._emails.attempt(item)
+        return await self._emails.attempt(item, domain_id)
 
     async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
         emails = self._emails

@@ -7,7 +7,8 @@ The private key leaves this module only in a ``SendingDomain``, for signing.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -83,6 +84,12 @@ SELECT_SENDING = """
 SELECT name, dkim_selector, dkim_private_key FROM domains
 WHERE team_id = $1 AND name = $2 AND status = 'verified'
 """
+
+SELECT_VERIFIED_IDS = """
+SELECT name, id FROM domains WHERE team_id = $1 AND name = ANY($2::text[]) AND status = 'verified'
+"""
+
+SELECT_KEY = "SELECT name, dkim_selector, dkim_private_key FROM domains WHERE id = $1"
 
 
 @dataclass(frozen=True)
@@ -193,7 +200,30 @@ async def sending_domain(
         name = domain_name(domain_name_)
     except ValueError:
         return None
-    row = await conn.fetchrow(SELECT_SENDING, team_id, name)
+    return _sending(await conn.fetchrow(SELECT_SENDING, team_id, name))
+
+
+async def verified_domain_ids(
+    conn: Connection, team_id: UUID, names: Iterable[str]
+) -> dict[str, UUID]:
+    """Of the domain names ``names`` (as emails carry them), those that are a
+    verified domain of the team now, each with that domain's id."""
+    keys: dict[str, str] = {}
+    for given in names:
+        with suppress(ValueError):
+            keys[given] = domain_name(given)
+    rows = await conn.fetch(SELECT_VERIFIED_IDS, team_id, sorted(set(keys.values())))
+    ids = {row["name"]: row["id"] for row in rows}
+    return {given: ids[name] for given, name in keys.items() if name in ids}
+
+
+async def domain_key(conn: Connection, domain_id: UUID) -> SendingDomain | None:
+    """The name and DKIM key of the domain ``domain_id`` (they never change), in
+    whatever state; None when it is gone."""
+    return _sending(await conn.fetchrow(SELECT_KEY, domain_id))
+
+
+def _sending(row: Any) -> SendingDomain | None:
     if row is None:
         return None
     return SendingDomain(
