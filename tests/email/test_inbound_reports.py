@@ -15,6 +15,7 @@ import trio
 from tests.conftest import assert_error
 from tests.email.helpers import SENDER, events, ok
 from tidings.config import Config
+from tidings.email.inbound import record_report
 from tidings.service import Service
 
 SECRET = "reports-secret-1"
@@ -175,3 +176,128 @@ async def test_nul_and_8bit_fields_in_a_report_are_answered_not_500(
     assert answer["reports"][0]["recorded"] is False
     assert await suppressions(client) == {"gone@example.org": "bounce"}
     assert [e["type"] for e in await events(client, email_id)].count("bounced") == 1
+
+
+async def test_a_report_names_an_internationalised_domain_in_either_form(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    """The email is stored with the Unicode domain and sent with the xn-- one;
+    a report naming either, in any case, is about the address as sent."""
+    email_id, message_id = await delivered_email(client, service, "gone@xn--mnchen-3ya.com")
+    assert ok(await client.get(f"/emails/{email_id}"))["to"] == ["gone@münchen.com"]
+    dsn = report("postfix_bounce.eml", message_id).replace(
+        b"rfc822; gone@example.org", b"rfc822; gone@XN--MNCHEN-3YA.com"
+    )
+    answer = ok(await post_report(http, dsn))
+    assert [(r["recipient"], r["recorded"]) for r in answer["reports"]] == [
+        ("gone@XN--MNCHEN-3YA.com", True), ("slow@example.org", False)
+    ]
+    [bounced] = [e for e in await events(client, email_id) if e["type"] == "bounced"]
+    assert bounced["recipient"] == "gone@münchen.com"
+    assert await suppressions(client) == {"gone@münchen.com": "bounce"}
+    # An abuse report naming the A-label form; a complaint after a bounce is news.
+    arf = report("abuse_report.eml", message_id).replace(
+        b"Ada@Example.ORG", b"gone@xn--mnchen-3ya.com"
+    )
+    assert ok(await post_report(http, arf))["recorded"] == 1
+    assert ok(await client.get(f"/emails/{email_id}"))["status"] == "complained"
+    # An address that does not parse is about nobody: answered, not a 500.
+    for mangled in (b"gone@xn--", b"gone@xn--mnchen-3ya..com", b"@xn--mnchen-3ya.com", b"gone"):
+        answer = ok(await post_report(http, dsn.replace(b"gone@XN--MNCHEN-3YA.com", mangled)))
+        assert answer["recorded"] == 0
+
+
+async def webhook_events(service: Service, email_id: str, type: str) -> int:
+    async with service.db.acquire() as conn:
+        count: int = await conn.fetchval(
+            "SELECT count(*) FROM events WHERE message_id = $1 AND type = $2",
+            UUID(email_id), f"message.{type}",
+        )
+    return count
+
+
+async def test_a_report_sent_again_records_nothing_more(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    """An MTA that retries a report (at least once) says nothing new: one
+    event and one webhook event per recipient and outcome, however often."""
+    email_id, message_id = await delivered_email(
+        client, service, "gone@example.org", "slow@example.org"
+    )
+    raw = report("postfix_bounce.eml", message_id)
+    assert ok(await post_report(http, raw))["recorded"] == 2
+    for _ in range(2):
+        answer = ok(await post_report(http, raw))
+        assert answer["recorded"] == 0
+        assert [(r["recipient"], r["outcome"], r["recorded"]) for r in answer["reports"]] == [
+            ("gone@example.org", "bounced", False), ("slow@example.org", "delivery_delayed", False)
+        ]
+    types = [e["type"] for e in await events(client, email_id)]
+    assert types.count("bounced") == 1 and types.count("delivery_delayed") == 1
+    assert await webhook_events(service, email_id, "bounced") == 1
+    assert await webhook_events(service, email_id, "delivery_delayed") == 1
+    # Another type for the same recipient is a new outcome, once.
+    arf = report("abuse_report.eml", message_id).replace(b"Ada@Example.ORG", b"GONE@example.org")
+    assert ok(await post_report(http, arf))["recorded"] == 1
+    assert ok(await post_report(http, arf))["recorded"] == 0
+    assert await webhook_events(service, email_id, "complained") == 1
+    assert ok(await client.get(f"/emails/{email_id}"))["status"] == "complained"
+
+
+async def test_a_report_of_a_bounce_the_sandbox_recorded_is_no_new_bounce(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    """Whoever recorded the outcome first (the provider's own later outcome
+    here), the relay's report of it is not a second one."""
+    data = ok(await client.post("/emails", json={
+        "from": SENDER, "to": "bounced@example.org", "subject": "Your receipt", "html": "x"
+    }), 202)
+    with trio.fail_after(10):
+        while ok(await client.get(f"/emails/{data['id']}"))["status"] != "bounced":
+            await trio.sleep(0.05)
+    async with service.db.acquire() as conn:
+        message_id = await conn.fetchval(
+            "SELECT smtp_message_id FROM emails WHERE id = $1", UUID(data["id"])
+        )
+    dsn = report("postfix_bounce.eml", message_id).replace(b"gone@", b"bounced@")
+    assert ok(await post_report(http, dsn))["reports"][0]["recorded"] is False
+    assert await webhook_events(service, data["id"], "bounced") == 1
+
+
+async def test_identical_reports_at_once_record_one_outcome(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    email_id, message_id = await delivered_email(
+        client, service, "gone@example.org", "slow@example.org"
+    )
+    raw = report("postfix_bounce.eml", message_id)
+    answers: list[int] = []
+
+    async def post() -> None:
+        answers.append(ok(await post_report(http, raw))["recorded"])
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(post)
+    assert sorted(answers) == [0, 0, 0, 0, 0, 2]
+    assert await webhook_events(service, email_id, "bounced") == 1
+    assert await webhook_events(service, email_id, "delivery_delayed") == 1
+
+    # The second of two transactions waits for the first to end, then sees
+    # what it recorded: nothing is recorded twice even though neither had
+    # committed when both began.
+    arf = report("abuse_report.eml", message_id).replace(b"Ada@Example.ORG", b"slow@example.org")
+    second: list[list[bool]] = []
+
+    async def record_second() -> None:
+        async with service.db.transaction() as conn:
+            second.append([h.recorded for h in await record_report(conn, arf)])
+
+    async with trio.open_nursery() as nursery:
+        async with service.db.transaction() as conn:
+            assert [h.recorded for h in await record_report(conn, arf)] == [True]
+            nursery.start_soon(record_second)
+            await trio.sleep(0.5)
+            assert second == []  # waiting for the email's row
+    assert second == [[False]]
+    assert await webhook_events(service, email_id, "complained") == 1

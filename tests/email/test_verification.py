@@ -194,3 +194,25 @@ async def test_long_txt_records_are_joined(zone: tuple[Zone, tuple[str, int]]) -
     zone[0].txt("s._domainkey.example.com", value)
     record = Record("TXT", "s._domainkey.example.com", value, "dkim")
     assert await check(Resolver([zone[1]]), [record]) == ["verified"]
+
+
+async def test_spf_mechanism_with_the_pass_qualifier(
+    client: httpx.AsyncClient, zone: tuple[Zone, Any]
+) -> None:
+    """``+`` is the default qualifier (RFC 7208 §4.6.2): ``+a:host`` is the
+    mechanism; with ``-``, ``~`` or ``?`` it does not pass, so it does not count."""
+    domain = ok(await client.post("/domains", json={"name": "example.com"}), 201)
+    publish(zone[0], domain)
+    spf = by_purpose(domain)["spf"]["name"]
+    for value, status in (
+        ("v=spf1 +a:mx.tidings.example ~all", "verified"),
+        ("v=spf1 include:_spf.google.com +A:MX.Tidings.Example -all", "verified"),
+        ("v=spf1 -a:mx.tidings.example ~all", "mismatch"),
+        ("v=spf1 ~a:mx.tidings.example ~all", "mismatch"),
+        ("v=spf1 ?a:mx.tidings.example ~all", "mismatch"),
+        ("v=spf1 ++a:mx.tidings.example ~all", "mismatch"),
+    ):
+        zone[0].txt(spf, value)
+        checked = await verify(client, domain)
+        assert statuses(checked)["spf"] == status, value
+        assert checked["status"] == ("verified" if status == "verified" else "failed"), value

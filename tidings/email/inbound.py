@@ -1,9 +1,10 @@
 """Delivery reports that arrive after the send: DSNs and abuse reports
 turned into email outcomes (``bounced``, ``complained``, ...).
 
-The recording itself (events, status, webhook events, suppressions) is the
-emails group's ``record_outcomes``; this module only finds, for each report,
-the email it is about, by the Message-ID Tidings gave it.
+The recording itself (events, status, webhook events, suppressions, and
+recording each outcome of a recipient once) is the emails group's
+``record_outcomes``; this module only finds, for each report, the email it
+is about, by the Message-ID Tidings gave it, and the recipient it names.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tidings.addresses import normalize_address
 from tidings.email.reports import Report, parse_report
+from tidings.fields import FieldError
 from tidings.storage.emails_sending import Outcome, SentEmail, record_outcomes, sent_email
 
 PROVIDER = "smtp"
@@ -23,25 +26,45 @@ class Handled:
     recorded: bool
 
 
+def _folded(address: str) -> str | None:
+    """``address`` as acceptance normalises it (the domain in one form whether
+    given as A-labels or U-labels), folded for comparison; None when it is no
+    address."""
+    try:
+        return normalize_address(address).lower()
+    except FieldError:
+        return None
+
+
+def _recipients(email: SentEmail) -> dict[str, str]:
+    """The email's recipients as sent, by their folded normalised address."""
+    return {_folded(sent) or key: sent for key, sent in email.sent_to.items()}
+
+
 async def record_report(conn: Any, raw: bytes) -> list[Handled]:
     """Parse ``raw`` (raises NotAReport) and record what it says about emails
     Tidings sent, for recipients they were sent to. Anything else (a message
     Tidings does not know, one not sent yet or never, an address it was not
-    sent to) is returned with ``recorded`` False: a report cannot suppress an
-    address or move an email that no send reached. Run it inside a transaction."""
+    sent to, an outcome recorded for that recipient already) is returned with
+    ``recorded`` False: a report cannot suppress an address or move an email
+    that no send reached, and a report repeated is no new outcome. Run it
+    inside a transaction."""
     reports = parse_report(raw)
-    emails: dict[str, SentEmail | None] = {}
+    emails: dict[str, tuple[SentEmail, dict[str, str]] | None] = {}
     for message_id in {r.original_message_id for r in reports if r.original_message_id}:
-        emails[message_id] = await sent_email(conn, message_id)
-    outcomes, handled = [], []
+        email = await sent_email(conn, message_id)
+        emails[message_id] = None if email is None else (email, _recipients(email))
+    outcomes: list[Outcome | None] = []
     for report in reports:
-        email = emails.get(report.original_message_id or "")
-        recipient = None if email is None else email.sent_to.get(report.recipient.lower())
-        if email is not None and recipient is not None:
-            outcomes.append(Outcome(
-                email.id, recipient, report.outcome, PROVIDER,
-                code=report.code, message=report.message,
-            ))
-        handled.append(Handled(report, recipient is not None))
-    await record_outcomes(conn, outcomes)
-    return handled
+        found = emails.get(report.original_message_id or "")
+        folded = _folded(report.recipient)
+        recipient = None if found is None or folded is None else found[1].get(folded)
+        outcomes.append(None if found is None or recipient is None else Outcome(
+            found[0].id, recipient, report.outcome, PROVIDER,
+            code=report.code, message=report.message,
+        ))
+    recorded = iter(await record_outcomes(conn, [o for o in outcomes if o is not None]))
+    return [
+        Handled(report, outcome is not None and next(recorded))
+        for report, outcome in zip(reports, outcomes, strict=True)
+    ]

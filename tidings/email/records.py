@@ -106,8 +106,11 @@ def judge(record: Record, answers: Sequence[str]) -> Status:
         spf = [a for a in answers if a.lower().startswith("v=spf1")]
         if not spf:
             return "missing"
+        # The mechanism with the pass qualifier, written or not (``+`` is the
+        # default, RFC 7208 §4.6.2); ``-a:``, ``~a:`` and ``?a:`` do not pass.
         wanted = record.value.split()[1].lower()
-        return "verified" if any(wanted in a.lower().split() for a in spf) else "mismatch"
+        passes = {wanted, f"+{wanted}"}
+        return "verified" if any(passes & set(a.lower().split()) for a in spf) else "mismatch"
     if record.purpose == "dkim":
         wanted = _tags(record.value)["p"]
         return "verified" if any(_tags(a).get("p") == wanted for a in answers) else "mismatch"

@@ -10,8 +10,9 @@ transaction for a whole batch of attempts.
 What a provider reports for later (the sandbox's outcomes, announced at
 send time) is written to ``email_followups`` in the attempt's transaction
 and recorded when due; outcomes that arrive by other paths (delivery
-reports, abuse reports) go through :func:`record_outcomes` too. A bounce or
-a complaint suppresses the address for the team.
+reports, abuse reports) go through :func:`record_outcomes` too, which
+records each type of outcome once per recipient. A bounce or a complaint
+suppresses the address for the team.
 
 Every function here takes a raw connection and runs whole inside
 ``Database.run``.
@@ -94,8 +95,25 @@ RETURNING f.email_id, f.recipient, f.type, f.provider, f.code, f.message
 
 FOLLOWUP_DUE_IN = "SELECT extract(epoch FROM min(due_at) - now())::float8 FROM email_followups"
 
+# The emails outcomes are about, locked (in one order, so that two writers
+# cannot deadlock) until the transaction ends: outcomes of one email are
+# recorded one writer after the other, and each sees what the last recorded.
 EMAILS_OF = """
 SELECT id, team_id, from_address, to_addresses, subject FROM emails WHERE id = ANY($1::uuid[])
+ORDER BY id FOR NO KEY UPDATE
+"""
+
+# Which outcomes ($1-$3: email, recipient, type) are new: the first of each
+# (email, recipient by lower(), type), unless the email has that event for
+# that recipient already. Their ordinals (from 1). Read after EMAILS_OF has
+# locked the emails, so a writer that came first has committed its events.
+NEW_OUTCOMES = """
+SELECT DISTINCT ON (o.email_id, lower(o.recipient), o.type) o.i
+FROM unnest($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY AS o(email_id, recipient, type, i)
+WHERE NOT EXISTS (SELECT 1 FROM email_events ev
+                  WHERE ev.email_id = o.email_id AND ev.type = o.type
+                    AND lower(ev.recipient) = lower(o.recipient))
+ORDER BY o.email_id, lower(o.recipient), o.type, o.i
 """
 
 # Status moves to an outcome's type unless a later event is recorded already.
@@ -265,21 +283,35 @@ async def record_attempts(conn: Connection, owner: UUID, done: Sequence[Attempte
     return len(kept)
 
 
-async def record_outcomes(conn: Connection, outcomes: Sequence[Outcome]) -> int:
+async def record_outcomes(conn: Connection, outcomes: Sequence[Outcome]) -> list[bool]:
     """Record what happened to recipients of emails, whatever reported it:
-    events, status, and a suppression for a bounce or a complaint. Outcomes
-    of emails that do not exist are skipped; returns how many were recorded.
-    Run it inside a transaction."""
+    events, status, and a suppression for a bounce or a complaint; whether
+    each outcome was recorded, in order. An outcome is recorded once per
+    email, recipient (any case) and type: one the email has an event of for
+    that recipient already (a report repeated, the sandbox's outcome then the
+    relay's report of it), or one given twice, is skipped, as are outcomes of
+    emails that do not exist. A complaint after a bounce is a new outcome.
+    Run it inside a transaction: the emails stay locked until it ends."""
     if not outcomes:
-        return 0
+        return []
     rows = await conn.fetch(EMAILS_OF, list({o.email_id for o in outcomes}))
     emails = {row["id"]: row for row in rows}
+    fresh = {
+        row["i"] - 1
+        for row in await conn.fetch(
+            NEW_OUTCOMES,
+            [o.email_id for o in outcomes],
+            [o.recipient for o in outcomes],
+            [o.type for o in outcomes],
+        )
+    }
+    recorded = [i in fresh and o.email_id in emails for i, o in enumerate(outcomes)]
     clock = Clock()
     changes = []
-    for o in outcomes:
-        email = emails.get(o.email_id)
-        if email is None:
+    for o, new in zip(outcomes, recorded, strict=True):
+        if not new:
             continue
+        email = emails[o.email_id]
         data = event_data(
             email["id"], email["from_address"], email["to_addresses"], email["subject"],
             code=o.code, message=o.message,
@@ -292,15 +324,16 @@ async def record_outcomes(conn: Connection, outcomes: Sequence[Outcome]) -> int:
     for change in changes:
         if change.email_id not in last or last[change.email_id].occurred_at <= change.occurred_at:
             last[change.email_id] = change
-    await conn.execute(
-        UPDATE_STATUS,
-        list(last),
-        [c.type for c in last.values()],
-        [c.occurred_at for c in last.values()],
-    )
+    if last:
+        await conn.execute(
+            UPDATE_STATUS,
+            list(last),
+            [c.type for c in last.values()],
+            [c.occurred_at for c in last.values()],
+        )
     await record_changes(conn, changes)
     await suppress_emails(conn, _suppressions(changes))
-    return len(changes)
+    return recorded
 
 
 async def record_outcome(
@@ -314,9 +347,10 @@ async def record_outcome(
     message: str | None = None,
 ) -> bool:
     """Record one recipient's outcome (a delivery or abuse report's); False if
-    there is no such email. Run it inside a transaction."""
+    there is no such email or the outcome is recorded for that recipient
+    already. Run it inside a transaction."""
     outcome = Outcome(email_id, recipient, type, provider, code, message)
-    return await record_outcomes(conn, [outcome]) == 1
+    return (await record_outcomes(conn, [outcome]))[0]
 
 
 @dataclass(frozen=True)
