@@ -13,6 +13,13 @@ normalised the same way everywhere:
 - Two addresses are one recipient when they are equal after PostgreSQL's
   ``lower()``: contacts are unique by it, and storage compares by it. Python's
   ``str.lower`` folds a few letters otherwise (U+0130), so compare in SQL.
+- An address mail is sent from or to as given in a request (an email's
+  ``from``, ``to``, ``cc``, ``bcc``, ``reply_to``; a template's or a
+  broadcast's sender and reply-to: ``parse_address`` and ``parse_mailbox``)
+  needs an ASCII local part: only SMTPUTF8 (RFC 6531) carries another, and
+  Tidings cannot count on its relay offering it. An
+  internationalised domain is fine: it goes out in its xn-- form
+  (``wire_address``). Contacts and suppressions take any valid address.
 
 A refusal is a ``FieldError`` naming the field and the reason.
 """
@@ -25,9 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from email import errors as email_errors
 from email.headerregistry import HeaderRegistry
-from email.utils import formataddr
 
 import email_validator
+import idna
 
 from tidings.fields import FieldError
 
@@ -38,6 +45,11 @@ MAX_ADDRESS_OCTETS = 254
 
 BARE_ONLY = "must be one email address, without a display name or comment"
 MAILBOX_FORM = "must be an email address, optionally with a display name: 'Name <address>'"
+NOT_SENDABLE = (
+    "the part before the @ has characters outside ASCII ({chars}), which only SMTPUTF8 "
+    "(RFC 6531) can carry, and Tidings cannot count on it: refused here rather than "
+    "failed when sent (an internationalised domain is fine)"
+)
 
 # The address forms email-validator accepts without further thought: an ASCII
 # dot-atom before the @ and a host name after it. For these only the domain
@@ -49,6 +61,22 @@ _PLAIN_ADDRESS = re.compile(rf"([{_ATEXT}]+(?:\.[{_ATEXT}]+)*)@([A-Za-z0-9.\-]+)
 _CASELESS_MAILBOXES = frozenset(email_validator.rfc_constants.CASE_INSENSITIVE_MAILBOX_NAMES)
 
 _HEADERS = HeaderRegistry()
+# A display name with one of these is quoted (RFC 5322 specials, as formataddr has them).
+_SPECIALS = re.compile(r'[][\\()<>@,:;".]')
+_ESCAPED = re.compile(r'[\\"]')
+
+
+def display(name: str | None, address: str) -> str:
+    """``Name <address>`` as the API shows and stores a mailbox: the name as
+    given (quoted when it holds a special character), the address as
+    normalised, an internationalised domain in its Unicode form; the bare
+    address when there is no name. ``tidings.email.mime`` writes the header
+    from it (the name RFC 2047-encoded, the domain in its xn-- form)."""
+    if not name:
+        return address
+    if _SPECIALS.search(name):
+        name = '"' + _ESCAPED.sub(r"\\\g<0>", name) + '"'
+    return f"{name} <{address}>"
 
 
 @dataclass(frozen=True)
@@ -60,8 +88,37 @@ class Mailbox:
 
     @property
     def formatted(self) -> str:
-        """As a header writes it: ``Name <address>`` (RFC 2047-encoded if need be)."""
-        return formataddr((self.name, self.address)) if self.name else self.address
+        """``Name <address>``, or the address: ``display``."""
+        return display(self.name, self.address)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ascii_domain(domain: str) -> str:
+    try:
+        return idna.encode(domain, uts46=True).decode("ascii")
+    except (idna.IDNAError, UnicodeError):
+        return domain
+
+
+def wire_address(address: str) -> str:
+    """The address as the SMTP envelope and the headers carry it: the domain
+    in its ASCII (xn--) form, IDNA 2008 with UTS #46 as email-validator
+    checks it. Never raises: a domain without an ASCII form, or a local part
+    outside ASCII, stays as it is, and only SMTPUTF8 can carry it."""
+    local, at, domain = address.rpartition("@")
+    if not at or domain.isascii():
+        return address
+    return f"{local}@{_ascii_domain(domain)}"
+
+
+def check_sendable(address: str, field: str) -> str:
+    """``address`` (normalised) if mail can be sent to or from it: an ASCII
+    local part; FieldError naming ``field`` otherwise."""
+    local = address.rpartition("@")[0]
+    if local.isascii():
+        return address
+    chars = "".join(dict.fromkeys(c for c in local if not c.isascii()))
+    raise FieldError(field, NOT_SENDABLE.format(chars=chars))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -120,18 +177,21 @@ def _check_limits(local: str, address: str, field: str) -> None:
 
 
 def parse_address(text: str, field: str) -> str:
-    """One bare address, normalised. A display name or a comment is refused, since
-    only the address would be kept: FieldError naming ``field``."""
+    """One bare address to send to or from, normalised. A display name or a
+    comment is refused, since only the address would be kept, and so is a
+    local part outside ASCII: FieldError naming ``field``."""
     try:
-        return normalize_address(text, field)
+        address = normalize_address(text, field)
     except FieldError as error:
         raise FieldError(field, f"{BARE_ONLY}: {error.reason}") from None
+    return check_sendable(address, field)
 
 
 def parse_mailbox(text: str, field: str = "from") -> Mailbox:
-    """An address with an optional display name: ``Name <a@b>``, ``"N, Inc." <a@b>``
-    or ``a@b``. Comments in parentheses, groups, several addresses and control
-    characters are refused (FieldError naming ``field``)."""
+    """An address to send to or from, with an optional display name: ``Name <a@b>``,
+    ``"N, Inc." <a@b>`` or ``a@b``. Comments in parentheses, groups, several
+    addresses, control characters and a local part outside ASCII are refused
+    (FieldError naming ``field``)."""
     return _parse_mailbox(text, field)
 
 
@@ -163,7 +223,8 @@ def _parse_mailbox(text: str, field: str) -> Mailbox:
     if invalid or len(addresses) != 1 or groups[0].display_name is not None:
         raise FieldError(field, MAILBOX_FORM)
     address = addresses[0]
-    return Mailbox(address.display_name or None, normalize_address(address.addr_spec, field))
+    normalized = check_sendable(normalize_address(address.addr_spec, field), field)
+    return Mailbox(address.display_name or None, normalized)
 
 
 def has_comment(value: str) -> bool:

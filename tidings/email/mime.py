@@ -6,6 +6,12 @@ signature. Bodies are UTF-8 in quoted-printable, headers with non-ASCII
 text are RFC 2047 encoded, address domains in their ASCII (xn--) form; the
 message is 7-bit with CRLF line ends. A text part is derived from the html
 when only html is given.
+
+An address whose local part is not ASCII (acceptance refuses them; a
+contact's address may be one) has no 7-bit form: it is written in UTF-8
+(RFC 6532), and the SMTP client sends such a message only with SMTPUTF8,
+failing it with a clear reason otherwise. Building a message never raises
+for an address.
 """
 
 from __future__ import annotations
@@ -17,8 +23,7 @@ from email.header import Header
 from email.utils import formataddr, formatdate, getaddresses
 from uuid import UUID
 
-import idna
-
+from tidings.addresses import wire_address
 from tidings.html_text import html_to_text
 
 CRLF = b"\r\n"
@@ -35,13 +40,6 @@ def message_id(email_id: UUID, domain: str) -> str:
     return f"<{email_id}@{domain}>"
 
 
-def _ascii_address(address: str) -> str:
-    local, at, domain = address.rpartition("@")
-    if not at or domain.isascii():
-        return address
-    return f"{local}@{idna.encode(domain, uts46=True).decode('ascii')}"
-
-
 # The longest word a header line keeps as it is: folding happens only at
 # spaces, and a line holds at most 998 octets with the header's name.
 LONGEST_WORD = 900
@@ -56,17 +54,23 @@ def _header_text(value: str) -> str:
     return Header(value, "utf-8").encode(maxlinelen=76).replace("\n", "\r\n")
 
 
+def _mailbox(name: str, address: str) -> str:
+    wire = wire_address(address)
+    if not name:
+        return wire
+    # formataddr quotes or RFC 2047-encodes the name, and wants an ASCII
+    # address: it is given a stand-in for the address, which is put after.
+    return formataddr((name, "a@a"), charset="utf-8")[: -len("<a@a>")] + f"<{wire}>"
+
+
 def _addresses(values: tuple[str, ...] | list[str]) -> str:
-    formatted = []
-    for name, address in getaddresses(list(values)):
-        formatted.append(formataddr((name, _ascii_address(address)), charset="utf-8"))
-    return ",\r\n ".join(formatted)
+    return ",\r\n ".join(_mailbox(name, address) for name, address in getaddresses(list(values)))
 
 
 def _fold(line: str) -> bytes:
-    """A header, ASCII, each of its lines (it may be folded already) folded
-    at spaces to stay under 998 octets."""
-    data = line.encode("ascii")
+    """A header (ASCII but for an address that needs SMTPUTF8), each of its
+    lines (it may be folded already) folded at spaces to stay under 998 octets."""
+    data = line.encode("utf-8")
     lines = data.split(CRLF)
     if all(len(one) <= 998 for one in lines):
         return data

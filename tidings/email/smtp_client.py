@@ -12,6 +12,14 @@ decide, not exceptions. ``SmtpConnectionError`` means the connection is
 unusable (closed, reset, timed out, refused at greeting, EHLO, STARTTLS or
 AUTH) and says whether the server had answered anything of the transaction,
 which tells a caller whether a retry on a fresh connection can send twice.
+
+Addresses go out with their domains in ASCII (xn--) form. A local part
+outside ASCII (in the envelope, or in the message's headers) needs SMTPUTF8
+(RFC 6531): with a server that offers it, ``MAIL FROM:<...> SMTPUTF8`` (and
+``BODY=8BITMIME`` when the headers hold one); without, nothing is sent and
+the transaction answers a permanent ``553 5.6.7`` of its own to ``MAIL
+FROM``, which fails every recipient with that reason. Nothing a caller
+passes makes it raise an encoding error.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from tidings.addresses import wire_address
 from tidings.config import SmtpUrl
 
 # Connecting (greeting, EHLO, STARTTLS, AUTH included), and each exchange of
@@ -90,6 +99,10 @@ class SmtpConnection:
     def pipelining(self) -> bool:
         return "pipelining" in self.extensions
 
+    @property
+    def smtputf8(self) -> bool:
+        return "smtputf8" in self.extensions
+
     # No timeouts of their own: callers put one around each exchange.
     async def write(self, data: bytes) -> None:
         await self.stream.send_all(data)
@@ -116,7 +129,8 @@ class SmtpConnection:
                 return Reply(int(line[:3]), "\n".join(lines))
 
     async def command(self, line: str) -> Reply:
-        await self.write(line.encode("ascii") + b"\r\n")
+        # UTF-8: only an address can be other than ASCII, and only with SMTPUTF8.
+        await self.write(line.encode("utf-8", "replace") + b"\r\n")
         return await self.reply()
 
     async def hello(self, name: str) -> Reply:
@@ -135,11 +149,25 @@ class SmtpConnection:
 
 
 def _envelope_address(address: str) -> str:
-    """``<address>`` for MAIL FROM / RCPT TO, its domain in ASCII (xn--) form."""
-    local, at, domain = address.strip().strip("<>").rpartition("@")
-    if at and not domain.isascii():
-        domain = domain.encode("idna").decode("ascii")
-    return f"<{local}{at}{domain}>"
+    """``<address>`` for MAIL FROM / RCPT TO, its domain in ASCII (xn--) form
+    (IDNA 2008, as the headers have it)."""
+    return f"<{wire_address(address.strip().strip('<>'))}>"
+
+
+def _needs_smtputf8(mail: str, rcpts: list[str], message: bytes) -> list[str]:
+    """What of the transaction is not ASCII: addresses, and the message's headers."""
+    found = [line.partition(":")[2] for line in (mail, *rcpts) if not line.isascii()]
+    if not message.isascii():
+        found.append("the message's headers")
+    return found
+
+
+def _without_smtputf8(needing: list[str]) -> Reply:
+    """The reply that stands for MAIL FROM when the server cannot take the
+    transaction: 553 5.6.7, as a server answers a non-ASCII address (RFC 6531)."""
+    return Reply(553, "5.6.7 not sent: SMTPUTF8 (RFC 6531) is needed for the characters "
+                      f"outside ASCII in {', '.join(needing)}, and the SMTP server does not "
+                      "offer it")
 
 
 async def connect(url: SmtpUrl, helo_name: str, context: ssl.SSLContext) -> SmtpConnection:
@@ -249,14 +277,21 @@ async def send(
     message; when none is accepted the transaction is reset."""
     result = Transaction()
     answered = False
+    mail = f"MAIL FROM:{_envelope_address(mail_from)}"
+    rcpts = [f"RCPT TO:{_envelope_address(r)}" for r in recipients]
+    needing = _needs_smtputf8(mail, rcpts, message)
+    if needing and not conn.smtputf8:
+        result.mail = _without_smtputf8(needing)
+        return result
+    if needing:
+        # UTF-8 headers are 8-bit content (RFC 6152), which SMTPUTF8 servers take.
+        mail += " BODY=8BITMIME SMTPUTF8" if not message.isascii() else " SMTPUTF8"
     try:
-        mail = f"MAIL FROM:{_envelope_address(mail_from)}"
-        rcpts = [f"RCPT TO:{_envelope_address(r)}" for r in recipients]
         with trio.fail_after(SOCKET_TIMEOUT_SECONDS):
             if conn.pipelining:
                 # One write for the envelope and DATA; the replies come in order.
                 group = "".join(f"{c}\r\n" for c in (mail, *rcpts, "DATA"))
-                await conn.write(group.encode("ascii"))
+                await conn.write(group.encode("utf-8", "replace"))
                 result.mail = await conn.reply()
                 answered = True
                 for recipient in recipients:

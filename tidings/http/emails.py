@@ -160,6 +160,12 @@ async def prepare(
         raise
 
 
+def _of_template(error: InputError) -> InputError:
+    """A refusal of an address the template's version gave (a version stored
+    before a rule that now refuses it): 422, as the body itself is fine."""
+    return InputError(422, f"template.{error.message}")
+
+
 async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail:
     from_ = body.from_
     reply_to: str | list[str] | None = body.reply_to
@@ -196,11 +202,17 @@ async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail
     if from_ is None:
         status = 400 if body.template is None else 422
         raise InputError(status, "from: is required (the template has no sender)")
-    from_email, from_name = mailbox("from", from_)
+    try:
+        from_email, from_name = mailbox("from", from_)
+    except InputError as error:
+        raise error if body.from_ is not None else _of_template(error) from None
     to = address_list("to", body.to)
     cc = address_list("cc", body.cc)
     bcc = address_list("bcc", body.bcc)
-    replies = address_list("reply_to", reply_to)
+    try:
+        replies = address_list("reply_to", reply_to)
+    except InputError as error:
+        raise error if body.reply_to is not None else _of_template(error) from None
     send_to: dict[str, str] = {}
     for address, _name in to + cc + bcc:
         send_to.setdefault(address.lower(), address)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import functools
 import re
 from datetime import UTC, datetime, timedelta
-from email.utils import formataddr
 from typing import Annotated, Any, Self
 from uuid import UUID
 
 from pydantic import Field, model_validator
 
-from tidings.addresses import normalize_address, parse_mailbox
+from tidings.addresses import check_sendable, display, normalize_address, parse_mailbox
 from tidings.fields import FieldError
 from tidings.http.models import Moment, RequestBody
 from tidings.storage.templates import TemplateRef
@@ -117,7 +116,8 @@ class InputError(ValueError):
 @functools.lru_cache(maxsize=4096)
 def mailbox(field: str, value: str) -> tuple[str, str | None]:
     """The address and display name of one mailbox (``Name <address>`` or an
-    address), normalized; InputError naming ``field`` otherwise.
+    address), normalized; InputError naming ``field`` otherwise (a local part
+    outside ASCII among the reasons: Tidings sends without SMTPUTF8).
 
     Cached: a team sends from the same few addresses, and parsing one with a
     display name (the standard library's header parser, then email-validator)
@@ -126,7 +126,7 @@ def mailbox(field: str, value: str) -> tuple[str, str | None]:
     try:
         if _BARE.fullmatch(value):
             # Most recipients are bare addresses: no need for the header parser.
-            return normalize_address(value, field), None
+            return check_sendable(normalize_address(value, field), field), None
         found = parse_mailbox(value, field)
     except FieldError as error:
         raise InputError(400, str(error)) from None
@@ -134,7 +134,8 @@ def mailbox(field: str, value: str) -> tuple[str, str | None]:
 
 
 def shown(address: str, name: str | None) -> str:
-    return formataddr((name, address)) if name else address
+    """As the API shows (and the email stores) a mailbox: ``addresses.display``."""
+    return display(name, address)
 
 
 def address_list(field: str, value: str | list[str] | None) -> list[tuple[str, str | None]]:
