@@ -1,4 +1,7 @@
-"""The ``tidings`` command as a user runs it: a real subprocess each time.
+"""The ``tidings`` command as a user runs it: a real subprocess, or, for a
+command that must stop before it opens a database or serves, ``main`` run in
+this process with the same environment (``tidings_in_process``); the first
+case of each such test, and every bad DATABASE_URL, still a real subprocess.
 
 Every bad setting and every database that cannot be used ends every command
 with one line on stderr and exit status 1, never a traceback.
@@ -6,15 +9,21 @@ with one line on stderr and exit status 1, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import socket
 import subprocess
 import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
-from tidings import __version__
+from tidings import __version__, cli
 from tidings.cli import parser
 from tidings.storage.db import with_database
 
@@ -26,13 +35,133 @@ COMMANDS = {
 }
 
 
-def tidings(args: list[str], tmp_path: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+def environment(tmp_path: Path, settings: dict[str, str]) -> dict[str, str]:
+    """The command's environment: this one without any TIDINGS_* or DATABASE_*,
+    a data directory in ``tmp_path``, then ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDINGS_", "DATABASE_"))}
     env.update({"TIDINGS_DATA_DIR": str(tmp_path / "data"), **settings})
+    return env
+
+
+def tidings(args: list[str], tmp_path: Path, **settings: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tidings", *args], env=env, cwd=tmp_path,
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "tidings", *args], env=environment(tmp_path, settings),
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )
+
+
+# How a test runs the command: tidings or tidings_in_process.
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+class NotInProcess(OSError):
+    """What opening a database or serving raises under ``tidings_in_process``."""
+
+
+def _not_in_process(what: str) -> NotInProcess:
+    return NotInProcess(f"tidings_in_process: the command got as far as {what}")
+
+
+def _refuse_database(*args: object, **kwargs: object) -> None:
+    raise _not_in_process("opening the database")
+
+
+async def _refuse_serving(*args: object, **kwargs: object) -> None:
+    raise _not_in_process("serving")
+
+
+def _refuse_workers(*args: object, **kwargs: object) -> None:
+    raise _not_in_process("starting workers")
+
+
+@contextlib.contextmanager
+def _logging_kept() -> Iterator[None]:
+    """The loggers ``configure_logging`` changes, as they were, afterwards."""
+    loggers = [logging.getLogger(name) for name in ("", "tidings", "tidings.access", "pgserver")]
+    saved = [(lg, lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, handlers, level, propagate, disabled in saved:
+            for added in lg.handlers:
+                if added not in handlers:
+                    added.close()
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate, lg.disabled = propagate, disabled
+
+
+def _exit_status(code: object, stderr: io.StringIO) -> int:
+    """The exit status of an interpreter ended by ``SystemExit(code)``, as Python
+    computes it: None is 0, an integer itself, anything else printed to stderr and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    stderr.write(f"{code}\n")
+    return 1
+
+
+def tidings_in_process(
+    args: list[str], tmp_path: Path, **settings: str
+) -> subprocess.CompletedProcess[str]:
+    """What ``tidings(args, tmp_path, **settings)`` gives, for a command that must
+    stop before it opens a database or serves, without starting an interpreter:
+    ``tidings.cli.main(args)`` with the same environment, ``tmp_path`` as working
+    directory, no stdin, stdout and stderr captured and the exit status Python
+    would give (a traceback and 1 for any other exception). For the call only:
+    everything is restored after it, logging included.
+
+    Opening the database, serving and starting workers raise ``NotInProcess``
+    (an OSError), so a check that comes too late ends the command as a database
+    that cannot be reached does, "cannot use the database", never blocking.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_logging_kept())
+        stack.enter_context(mock.patch.dict(os.environ, environment(tmp_path, settings),
+                                            clear=True))
+        stack.enter_context(contextlib.chdir(tmp_path))
+        stack.enter_context(mock.patch.object(cli, "open_database", _refuse_database))
+        stack.enter_context(mock.patch.object(cli, "run_until_signal", _refuse_serving))
+        stack.enter_context(mock.patch.object(cli, "run_workers", _refuse_workers))
+        stack.enter_context(mock.patch.object(sys, "stdin", io.StringIO()))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        try:
+            cli.main(args)
+            status = 0
+        except SystemExit as exit:
+            status = _exit_status(exit.code, err)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:
+            err.write("".join(traceback.format_exception(error)))
+            status = 1
+    return subprocess.CompletedProcess(
+        [sys.executable, "-m", "tidings", *args], status, out.getvalue(), err.getvalue()
+    )
+
+
+def _sets_database_url(case: tuple[object, ...]) -> bool:
+    return any(
+        value == "DATABASE_URL" or (isinstance(value, dict) and "DATABASE_URL" in value)
+        for value in case
+    )
+
+
+def first_in_a_subprocess(cases: Sequence[object]) -> list[tuple[object, ...]]:
+    """Parameters with how to run the command put first: ``tidings`` (a real
+    subprocess, end to end) for the first case and for every case of a bad
+    DATABASE_URL, ``tidings_in_process`` for every other. A DATABASE_URL checked
+    too late goes to the database driver, whose real answer is part of what such
+    a case sees, and ``tidings_in_process`` never opens a database."""
+    found: list[tuple[object, ...]] = []
+    for i, case in enumerate(cases):
+        values = case if isinstance(case, tuple) else (case,)
+        run = tidings if i == 0 or _sets_database_url(values) else tidings_in_process
+        found.append((run, *values))
+    return found
 
 
 def assert_one_line_failure(done: subprocess.CompletedProcess[str], *words: str) -> str:
@@ -57,16 +186,18 @@ BAD_SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize(("settings", "words"), BAD_SETTINGS)
+@pytest.mark.parametrize(("run", "settings", "words"), first_in_a_subprocess(BAD_SETTINGS))
 def test_a_bad_setting_is_one_line_and_exit_1(
-    settings: dict[str, str], words: tuple[str, ...], tmp_path: Path
+    run: Run, settings: dict[str, str], words: tuple[str, ...], tmp_path: Path
 ) -> None:
-    assert_one_line_failure(tidings(COMMANDS["tokens create"], tmp_path, **settings), *words)
+    assert_one_line_failure(run(COMMANDS["tokens create"], tmp_path, **settings), *words)
 
 
-@pytest.mark.parametrize("command", ["serve", "tokens revoke", "contacts import"])
-def test_every_command_checks_the_settings(command: str, tmp_path: Path) -> None:
-    done = tidings(COMMANDS[command], tmp_path, TIDINGS_LOG_LEVEL="LOUD")
+@pytest.mark.parametrize(
+    ("run", "command"), first_in_a_subprocess(["serve", "tokens revoke", "contacts import"])
+)
+def test_every_command_checks_the_settings(run: Run, command: str, tmp_path: Path) -> None:
+    done = run(COMMANDS[command], tmp_path, TIDINGS_LOG_LEVEL="LOUD")
     assert_one_line_failure(done, "TIDINGS_LOG_LEVEL")
 
 

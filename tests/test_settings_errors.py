@@ -3,8 +3,11 @@ line that names it (exit status 1), or with argparse's usage error (exit
 status 2), never with a traceback or as a database failure; and a setting's
 message never shows a password.
 
-The subprocesses that must fail before using a database get one that cannot
-be reached, so that checking too late shows as "cannot use the database".
+The commands that must fail before using a database get one that cannot be
+reached, so that checking too late shows as "cannot use the database". They
+run in this process (``tidings_in_process``, which never opens a database nor
+serves), except the first case of each test and every bad DATABASE_URL: real
+subprocesses, end to end.
 """
 
 from __future__ import annotations
@@ -15,7 +18,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.test_cli import COMMANDS, assert_one_line_failure, tidings
+from tests.test_cli import (
+    COMMANDS,
+    Run,
+    assert_one_line_failure,
+    first_in_a_subprocess,
+    tidings,
+    tidings_in_process,
+)
 from tidings.config import Config, SettingError
 
 UNREACHABLE = "postgresql://127.0.0.1:1/tidings"
@@ -32,9 +42,9 @@ def assert_usage_error(done: subprocess.CompletedProcess[str], argument: str) ->
     return lines[-1]
 
 
-@pytest.mark.parametrize("port", ["70000", "-1", "65536"])
-def test_a_port_outside_0_to_65535_is_a_usage_error(port: str, tmp_path: Path) -> None:
-    done = tidings(["serve", "--port", port], tmp_path, DATABASE_URL=UNREACHABLE)
+@pytest.mark.parametrize(("run", "port"), first_in_a_subprocess(["70000", "-1", "65536"]))
+def test_a_port_outside_0_to_65535_is_a_usage_error(run: Run, port: str, tmp_path: Path) -> None:
+    done = run(["serve", "--port", port], tmp_path, DATABASE_URL=UNREACHABLE)
     line = assert_usage_error(done, "--port")
     assert f"must be 0 to 65535, not {port}" in line
 
@@ -55,10 +65,12 @@ URLS = [
 ]
 
 
-@pytest.mark.parametrize(("name", "url"), URLS)
-def test_an_unparseable_url_is_one_line_naming_it(name: str, url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("run", "name", "url"), first_in_a_subprocess(URLS))
+def test_an_unparseable_url_is_one_line_naming_it(
+    run: Run, name: str, url: str, tmp_path: Path
+) -> None:
     settings = {"DATABASE_URL": UNREACHABLE, name: url}
-    assert_one_line_failure(tidings(COMMANDS["tokens revoke"], tmp_path, **settings), name)
+    assert_one_line_failure(run(COMMANDS["tokens revoke"], tmp_path, **settings), name)
 
 
 # Every number setting: what a number of it may not be.
@@ -113,8 +125,8 @@ def test_every_number_setting_takes_its_largest_sensible_value() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "value"),
-    [
+    ("run", "name", "value"),
+    first_in_a_subprocess([
         ("TIDINGS_SHUTDOWN_GRACE_SECONDS", "nan"),
         ("TIDINGS_EMAIL_POLL_SECONDS", "nan"),
         ("WEBHOOK_RETRY_SCHEDULE", "nan"),
@@ -123,18 +135,18 @@ def test_every_number_setting_takes_its_largest_sensible_value() -> None:
         ("TIDINGS_EMAIL_LEASE_SECONDS", "1e300"),
         ("TIDINGS_SMS_RETRY_SCHEDULE", "1,inf"),
         ("IDEMPOTENCY_RETENTION_SECONDS", "99999999999999999999"),
-    ],
+    ]),
 )
 def test_a_number_setting_out_of_range_is_one_line_naming_it(
-    name: str, value: str, tmp_path: Path
+    run: Run, name: str, value: str, tmp_path: Path
 ) -> None:
     settings = {"DATABASE_URL": UNREACHABLE, name: value}
-    assert_one_line_failure(tidings(COMMANDS["serve"], tmp_path, **settings), name)
+    assert_one_line_failure(run(COMMANDS["serve"], tmp_path, **settings), name)
 
 
 @pytest.mark.parametrize(
-    ("name", "url"),
-    [
+    ("run", "name", "url"),
+    first_in_a_subprocess([
         ("TIDINGS_SMTP_URL", f"smtp://mailer:{PASSWORD}@relay.example.com:99999"),
         ("TIDINGS_SMTP_URL", f"smtp://mailer:{PASSWORD}@[::1"),
         ("TIDINGS_SMTP_URL", f"ftp://mailer:{PASSWORD}@relay.example.com"),
@@ -144,40 +156,42 @@ def test_a_number_setting_out_of_range_is_one_line_naming_it(
         ("DATABASE_URL", f"postgresql://app:{PASSWORD}@127.0.0.1:1,/tidings"),
         ("DATABASE_URL", f"postgresql://app:{PASSWORD}@[::1"),
         ("DATABASE_URL", f"app:{PASSWORD}@127.0.0.1/tidings"),
+        # A URL that is fine: the command fails at the database.
         ("DATABASE_URL", f"postgresql://app@127.0.0.1:1/tidings?password={PASSWORD}"),
-    ],
+    ]),
 )
 def test_a_url_setting_message_never_shows_the_password(
-    name: str, url: str, tmp_path: Path
+    run: Run, name: str, url: str, tmp_path: Path
 ) -> None:
     settings = {"DATABASE_URL": UNREACHABLE, name: url}
-    done = tidings(COMMANDS["serve"], tmp_path, **settings)
+    done = run(COMMANDS["serve"], tmp_path, **settings)
     line = assert_one_line_failure(done, name)
     assert PASSWORD not in done.stderr + done.stdout, line
 
 
 @pytest.mark.parametrize("separator", ["/", "?", "#"])
 @pytest.mark.parametrize(
-    ("name", "template"),
-    [
+    ("run", "name", "template"),
+    first_in_a_subprocess([
         ("DATABASE_URL", "postgresql://tidings:Xy7{}Qz9w@db.internal:5432/tidings"),
         ("TIDINGS_SMTP_URL", "smtp://user:Xy7{}Qz9w@mail.example.com:587"),
-    ],
+    ]),
 )
 def test_no_piece_of_a_password_with_a_delimiter_is_shown(
-    name: str, template: str, separator: str, tmp_path: Path
+    run: Run, name: str, template: str, separator: str, tmp_path: Path
 ) -> None:
     """An unencoded ``/``, ``?`` or ``#`` splits the URL inside the password;
     the message must not show a piece as a port, host or parameter."""
     settings = {"DATABASE_URL": UNREACHABLE, name: template.format(separator)}
-    done = tidings(COMMANDS["serve"], tmp_path, **settings)
+    done = run(COMMANDS["serve"], tmp_path, **settings)
     output = done.stderr + done.stdout
     assert "Xy7" not in output and "Qz9w" not in output, output
 
 
 def test_a_host_that_does_not_resolve_is_not_a_database_failure(tmp_path: Path) -> None:
-    for workers in ("1", "2"):
-        done = tidings(
+    runs: list[tuple[Run, str]] = [(tidings, "1"), (tidings_in_process, "2")]
+    for run, workers in runs:
+        done = run(
             ["serve", "--host", "nosuchhost.invalid", "--port", "18702", "--workers", workers],
             tmp_path, DATABASE_URL=UNREACHABLE,
         )
@@ -185,18 +199,24 @@ def test_a_host_that_does_not_resolve_is_not_a_database_failure(tmp_path: Path) 
         assert "database" not in line
 
 
-@pytest.mark.parametrize("seconds", ["nan", "inf", "1e300", "0", "315360001"])
-def test_expires_in_must_be_finite_and_at_most_ten_years(seconds: str, tmp_path: Path) -> None:
-    done = tidings([*COMMANDS["tokens create"], "--expires-in", seconds], tmp_path,
-                   DATABASE_URL=UNREACHABLE)
+@pytest.mark.parametrize(
+    ("run", "seconds"), first_in_a_subprocess(["nan", "inf", "1e300", "0", "315360001"])
+)
+def test_expires_in_must_be_finite_and_at_most_ten_years(
+    run: Run, seconds: str, tmp_path: Path
+) -> None:
+    done = run([*COMMANDS["tokens create"], "--expires-in", seconds], tmp_path,
+               DATABASE_URL=UNREACHABLE)
     line = assert_one_line_failure(done, "--expires-in", "315360000")
     assert "database" not in line
 
 
-@pytest.mark.parametrize("option", ["--emails-per-day", "--sms-per-month"])
-def test_a_quota_beyond_bigint_is_a_usage_error(option: str, tmp_path: Path) -> None:
-    done = tidings(["quotas", "set", "--team", "acme", option, "9223372036854775808"], tmp_path,
-                   DATABASE_URL=UNREACHABLE)
+@pytest.mark.parametrize(
+    ("run", "option"), first_in_a_subprocess(["--emails-per-day", "--sms-per-month"])
+)
+def test_a_quota_beyond_bigint_is_a_usage_error(run: Run, option: str, tmp_path: Path) -> None:
+    done = run(["quotas", "set", "--team", "acme", option, "9223372036854775808"], tmp_path,
+               DATABASE_URL=UNREACHABLE)
     line = assert_usage_error(done, option)
     assert "at most 9223372036854775807" in line
 
