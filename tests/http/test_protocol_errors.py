@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import trio
 
@@ -122,3 +123,31 @@ async def test_a_client_gone_mid_body_after_its_answer_harms_nothing(base_url: s
         base_url, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     )
     assert status == 200
+
+
+async def test_bytes_after_a_request_that_closes_are_not_read(
+    base_url: str, client: Any
+) -> None:
+    """RFC 9112 §9.6: the request with ``Connection: close`` (or of HTTP/1.0)
+    is answered, then the connection closes; what followed it in the same
+    write is neither read nor answered with a 400 in the response's place."""
+    for request in (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /healthz HTTP/1.0\r\n\r\nGET /healthz HTTP/1.0\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nnot http at all\r\n\r\n",
+    ):
+        status, headers, body = await exchange(base_url, request)
+        assert status == 200, body
+        assert body.count(b"HTTP/1.") == 0, body  # one response, no second
+        assert headers["connection"].lower() == "close"
+    token = client.headers["authorization"]
+    payload = json.dumps({"email": "close@example.com"}).encode()
+    status, _, body = await exchange(base_url, (
+        b"POST /contacts HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: " + token.encode() + b"\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+        + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    ))
+    assert status == 201, body
+    assert json.loads(body)["data"]["email"] == "close@example.com"

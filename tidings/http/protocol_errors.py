@@ -13,6 +13,7 @@ puts the result in place of the one name that hypercorn's
 from __future__ import annotations
 
 from itertools import chain
+from typing import Any
 
 import h11
 import trio
@@ -36,6 +37,23 @@ def head_size(request: h11.Request) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in request.headers) + 2
 
 
+class _Connection(h11.Connection):
+    """h11's server connection, knowing whether the request now being answered
+    has arrived whole."""
+
+    completed = False
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if type(event) is h11.EndOfMessage:
+            self.completed = True
+        return event
+
+    def start_next_cycle(self) -> None:
+        super().start_next_cycle()
+        self.completed = False
+
+
 class EnvelopeH11Protocol(H11Protocol):
     """Hypercorn's HTTP/1.1 protocol, with error answers in the envelope, and
     the limit on the request's head kept however the head arrived.
@@ -43,7 +61,30 @@ class EnvelopeH11Protocol(H11Protocol):
     h11 applies ``h11_max_incomplete_size`` only to a head still incomplete in
     its buffer, so a larger head that arrives in one read passed; the limit is
     checked again on the whole head here.
+
+    Bytes after a whole request that closes the connection (``Connection:
+    close``, HTTP/1.0) are not a malformed request: RFC 9112 §9.6 has the
+    server answer that request and then close, reading nothing more. h11 calls
+    them an error, and hypercorn answered it with a 400 in place of the
+    response and closed the connection at once; here the response under way
+    is sent and the connection closes after it.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.connection = _Connection(
+            h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size
+        )
+        self._keep_open = False  # skip the close that follows an error, once
+        server_send = self.send
+
+        async def send(event: Any) -> None:
+            if isinstance(event, Closed) and self._keep_open:
+                self._keep_open = False
+                return
+            await server_send(event)
+
+        self.send = send
 
     async def _create_stream(self, request: h11.Request) -> None:
         if head_size(request) > self.config.h11_max_incomplete_size:
@@ -53,6 +94,13 @@ class EnvelopeH11Protocol(H11Protocol):
         await super()._create_stream(request)
 
     async def _send_error_response(self, status_code: int) -> None:
+        if self.connection.our_state is h11.SEND_RESPONSE and getattr(
+            self.connection, "completed", False
+        ):
+            # Bytes after the whole request: its response goes out, then the
+            # connection closes (our state DONE, theirs not: no next cycle).
+            self._keep_open = True
+            return
         if self.connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             # A response is under way or sent already (an answer given before
             # the body had arrived, whose client then hung up mid-body): there
