@@ -56,6 +56,7 @@ async def serve_asgi(
     reuse_port: bool = False,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     keep_alive_seconds: float = KEEP_ALIVE_SECONDS,
+    write_seconds: float = lean_connections.WRITE_SECONDS,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -74,6 +75,7 @@ async def serve_asgi(
     http_config.accesslog = None
     http_config.errorlog = logging.getLogger("hypercorn.error")
     http_config.keep_alive_timeout = keep_alive_seconds
+    setattr(http_config, lean_connections.CONFIG_WRITE_SECONDS, write_seconds)  # noqa: B010
     stopping = trio.Event()
 
     async def stop_when_triggered() -> None:

@@ -21,6 +21,8 @@ from bench import bare
 from tidings.app import serve_asgi
 
 KEEP_ALIVE = 0.5
+WRITE = 1.0
+BIG = 32 * 1024 * 1024
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -32,6 +34,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["path"].startswith("/slow"):
         await trio.sleep(float(scope["path"].rsplit("/", 1)[1]))
     body = b'{"path": "%s"}' % scope["path"].encode()
+    if scope["path"] == "/big":
+        body = b"x" * BIG
     await send({"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -55,7 +59,8 @@ async def server(nursery: trio.Nursery) -> AsyncIterator[Server]:
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
         try:
             await serve_asgi(app, "127.0.0.1", 0, grace_seconds=5, keep_alive_seconds=KEEP_ALIVE,
-                             shutdown_trigger=stop.wait, task_status=task_status)
+                             write_seconds=WRITE, shutdown_trigger=stop.wait,
+                             task_status=task_status)
         finally:
             stopped.set()
 
@@ -148,6 +153,41 @@ async def test_stopping_closes_idle_connections_at_once_and_lets_busy_ones_finis
     with trio.fail_after(2):
         await server.stopped.wait()
     assert trio.current_time() - started < 2
+
+
+async def stalled(server: Server) -> trio.SocketStream:
+    """A client that asks for a large response and does not read it."""
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect(("127.0.0.1", server.port))
+    stream = trio.SocketStream(sock)
+    await stream.send_all(request("/big"))
+    return stream
+
+
+async def test_a_client_that_stops_reading_loses_its_connection(server: Server) -> None:
+    stream = await stalled(server)
+    await trio.sleep(WRITE + 1)  # the write has been stuck for longer than allowed
+    received = 0
+    with trio.fail_after(10):
+        try:
+            while chunk := await stream.receive_some(1024 * 1024):
+                received += len(chunk)
+        except trio.BrokenResourceError:
+            pass  # reset: the server closed with data unread
+    assert received < BIG  # the connection ended before the response did
+
+
+async def test_a_client_that_stops_reading_does_not_hold_up_a_stop(server: Server) -> None:
+    streams = [await stalled(server) for _ in range(3)]
+    await trio.sleep(0.3)
+    started = trio.current_time()
+    server.stop.set()
+    with trio.fail_after(WRITE + 3):
+        await server.stopped.wait()
+    assert trio.current_time() - started < WRITE + 3
+    for stream in streams:
+        await stream.aclose()
 
 
 async def test_a_small_response_arrives_in_one_write(server: Server) -> None:

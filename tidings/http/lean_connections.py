@@ -32,7 +32,7 @@ import h11
 import hypercorn.protocol
 import hypercorn.trio.run
 import trio
-from hypercorn.events import RawData
+from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 
@@ -104,12 +104,41 @@ class KeepAliveTimer:
                 return
 
 
+# How long one write to a client may take before the client is taken to be
+# gone (CONFIG_WRITE_SECONDS on hypercorn's config sets it per server).
+WRITE_SECONDS = 30.0
+CONFIG_WRITE_SECONDS = "tidings_write_seconds"
+
+
 class LeanTCPServer(TCPServer):
-    """Hypercorn's trio connection, with the keep-alive timer above."""
+    """Hypercorn's trio connection, with the keep-alive timer above, and a
+    limit on each write.
+
+    hypercorn writes under a shielded cancel scope and without a timeout, so
+    a client that stops reading a response (its receive window full) held
+    its connection for ever and kept a shutdown from ending, even past its
+    deadline. A write that takes longer than ``WRITE_SECONDS`` ends the
+    connection, as a write to a client that has gone does.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.idle_task = KeepAliveTimer(self)  # type: ignore[assignment]
+
+    async def protocol_send(self, event: Any) -> None:
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        seconds = getattr(self.config, CONFIG_WRITE_SECONDS, WRITE_SECONDS)
+        async with self.send_lock:
+            try:
+                with trio.CancelScope(shield=True), trio.fail_after(seconds):
+                    await self.stream.send_all(event.data)
+            except trio.TooSlowError:
+                await self.stream.aclose()  # also ends the read of this connection
+                await self.protocol.handle(Closed())
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
 
     async def _read_data(self) -> None:
         # Hypercorn's own timer outlives a connection that its client closed
