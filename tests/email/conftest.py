@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import Credential
 from tests.email.helpers import ok
+from tidings.config import Config, parse_smtp_url
 from tidings.service import Service
 from tidings.storage import domains as domain_store
 
@@ -32,3 +33,19 @@ async def verified_domain(
 async def acme_domain(service: Service, base_url: str, acme: Credential) -> str:
     """``acme.example``, a verified sending domain of team acme."""
     return await verified_domain(service, base_url, acme, "acme.example")
+
+
+@pytest.fixture
+async def bucher_domain(service: Service, base_url: str, acme: Credential) -> str:
+    """``bücher.example`` (stored as ``xn--bcher-kva.example``), verified for acme."""
+    return await verified_domain(service, base_url, acme, "bücher.example")
+
+
+def smtp_config(database_url: str, port: int) -> Config:
+    """The SMTP provider pointed at a sink on ``port``, with quick retries."""
+    return Config(
+        database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
+        shutdown_grace_seconds=2, email_provider="smtp", email_poll_seconds=0.2,
+        smtp_url=parse_smtp_url(f"smtp://127.0.0.1:{port}?starttls=off"),
+        email_retry_schedule=(0.2, 0.2),
+    )

@@ -17,12 +17,10 @@ import httpx
 import pytest
 import trio
 
-from tests.conftest import Credential
-from tests.email.conftest import verified_domain
+from tests.email.conftest import smtp_config
 from tests.email.helpers import events, ok, send
 from tests.email.smtp_sink import Sink, running_sink
-from tidings.config import Config, parse_smtp_url
-from tidings.service import Service
+from tidings.config import Config
 
 
 class OptionsSink(Sink):
@@ -59,20 +57,11 @@ def port(sink: Sink, sink_options: dict[str, Any]) -> Iterator[int]:
 
 @pytest.fixture
 def config(database_url: str, port: int) -> Config:
-    return Config(
-        database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
-        shutdown_grace_seconds=2, email_provider="smtp", email_poll_seconds=0.2,
-        smtp_url=parse_smtp_url(f"smtp://127.0.0.1:{port}?starttls=off"),
-        email_retry_schedule=(0.2, 0.2),
-    )
+    return smtp_config(database_url, port)
 
 
 @pytest.fixture
-async def client(
-    client: httpx.AsyncClient, acme_domain: str, service: Service, base_url: str,
-    acme: Credential,
-) -> httpx.AsyncClient:
-    await verified_domain(service, base_url, acme, "bücher.example")
+def client(client: httpx.AsyncClient, acme_domain: str, bucher_domain: str) -> httpx.AsyncClient:
     return client
 
 
