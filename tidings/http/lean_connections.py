@@ -2,8 +2,8 @@
 
 Two pieces of hypercorn's per-request bookkeeping cost more CPU than they
 are worth (measured with a bare ASGI function on hypercorn's trio worker,
-``POST`` of a small JSON body, wrk with 16 connections: 1.6–1.9 ms of CPU a
-request before, 1.1 ms after; docs/benchmarks.md, "The connection's own
+``POST`` of a small JSON body, wrk with 16 connections: 1.4–2.0 ms of CPU a
+request before, 1.1–1.2 ms after; docs/benchmarks.md, "The connection's own
 costs"):
 
 - **The keep-alive timer.** Hypercorn stops the timer when a request arrives
@@ -17,7 +17,11 @@ costs"):
   ``LeanH11Protocol`` holds the head back and writes it with the first body
   bytes, the way uvicorn does: a small response is one write.
 
-Neither has a setting in hypercorn, so ``install()`` puts the two classes
+``LeanTCPServer`` also limits each write to ``WRITE_SECONDS``: hypercorn's
+own write has no timeout and ignores cancellation, so a client that stopped
+reading held its connection, and the server's shutdown, for ever.
+
+None of this has a setting in hypercorn, so ``install()`` puts the two classes
 in place of the names hypercorn's trio worker looks up
 (``hypercorn.trio.run.TCPServer`` and ``hypercorn.protocol.H11Protocol``),
 after checking that the pinned hypercorn still has the shape they rely on.
