@@ -22,6 +22,7 @@ import trio.testing
 
 from tests.conftest import MakeToken
 from tidings.config import Config
+from tidings.service import Service
 
 ROUNDS = 1000
 # Far above an answer's time on loopback; a hang fails the test quickly.
@@ -100,12 +101,15 @@ class Client:
         body: bytes = b"",
         *,
         late_body: bool = False,
+        half_close: bool = False,
     ) -> Reply:
         """Send one request (head and body in separate writes) and read its answer.
 
         ``late_body``: the body follows only once the server has done all it
         can with the head, so a server that answers without the body has
-        answered before the body arrives.
+        answered before the body arrives. ``half_close``: the client then
+        shuts its side of the connection (``shutdown(SHUT_WR)``) and waits
+        for the answer.
         """
         if self.stream is None:
             self.stream = await trio.open_tcp_stream(self.host, self.port)
@@ -122,6 +126,8 @@ class Client:
                 await trio.testing.wait_all_tasks_blocked()
             if body:
                 await self.stream.send_all(body)
+            if half_close:
+                await self.stream.send_eof()
             reply = await self._read_reply()
             if reply.closes:
                 await self.expect_close()
@@ -200,3 +206,29 @@ async def test_connection_close_closes_the_socket(raw: Client) -> None:
     reply = await raw.request("POST", "/no-such-route", {"Connection": "close"}, BODY)
     assert reply.status == 404
     assert raw.stream is None
+
+
+async def test_a_client_that_half_closes_after_its_request_gets_the_answer(
+    raw: Client, make_token: MakeToken, service: Service
+) -> None:
+    # The client has said all it will say: that is not a disconnect. The
+    # request is carried out and answered, and then the connection closes.
+    for n in range(10):
+        token = await make_token(team=f"half-{n}")
+        headers = {"Authorization": f"Bearer {token.secret}"}
+        body = json.dumps({"email": f"half-{n}@example.com"}).encode()
+        reply = await raw.request("POST", "/contacts", headers, body, half_close=True)
+        assert reply.status == 201, reply.body
+        if raw.stream is not None:  # request() has not seen the close yet
+            await raw.expect_close()
+        async with service.db.transaction() as conn:
+            emails = await conn.fetch("SELECT email FROM contacts WHERE team_id = $1",
+                                      token.team_id)
+        assert [row["email"] for row in emails] == [f"half-{n}@example.com"]
+    # Routes answered by Quart and by hypercorn itself, and Connection: close.
+    for path, extra, status in (("/healthz", {}, 200), ("/no-such-route", {}, 404),
+                                ("/healthz", {"Connection": "close"}, 200)):
+        reply = await raw.request("GET", path, extra, half_close=True)
+        assert reply.status == status, reply.body
+        if raw.stream is not None:
+            await raw.expect_close()

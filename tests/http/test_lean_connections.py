@@ -32,7 +32,19 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     while (await receive()).get("more_body"):
         pass
     if scope["path"].startswith("/slow"):
-        await trio.sleep(float(scope["path"].rsplit("/", 1)[1]))
+        gone = False
+        async with trio.open_nursery() as nursery:  # as Quart: a disconnect cancels
+
+            async def watch() -> None:
+                nonlocal gone
+                gone = (await receive())["type"] == "http.disconnect"
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            await trio.sleep(float(scope["path"].rsplit("/", 1)[1]))
+            nursery.cancel_scope.cancel()
+        if gone:
+            return
     body = b'{"path": "%s"}' % scope["path"].encode()
     if scope["path"] == "/big":
         body = b"x" * BIG
@@ -153,6 +165,30 @@ async def test_stopping_closes_idle_connections_at_once_and_lets_busy_ones_finis
     with trio.fail_after(2):
         await server.stopped.wait()
     assert trio.current_time() - started < 2
+
+
+async def test_a_client_that_half_closes_after_its_request_gets_the_response(
+    server: Server,
+) -> None:
+    # shutdown(SHUT_WR) after a whole request: the client waits for its answer.
+    for path in ("/slow/0.2", "/a"):
+        stream = await server.connect()
+        await stream.send_all(request(path))
+        await stream.send_eof()
+        reply = await read_response(stream)
+        assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b'"%s"}' % path.encode())
+        assert await closed_within(stream, 1)
+
+
+async def test_a_client_that_half_closes_mid_request_is_not_waited_for(server: Server) -> None:
+    stream = await server.connect()
+    await stream.send_all(b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nabc")
+    await stream.send_eof()
+    with trio.fail_after(2):
+        rest = b""
+        while chunk := await stream.receive_some(65536):
+            rest += chunk
+    assert rest.startswith(b"HTTP/1.1 400 "), rest  # the body never came whole
 
 
 async def stalled(server: Server) -> trio.SocketStream:

@@ -38,7 +38,7 @@ import hypercorn.trio.run
 import trio
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from tidings.http.protocol_errors import EnvelopeH11Protocol
 
@@ -128,6 +128,9 @@ class LeanTCPServer(TCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.idle_task = KeepAliveTimer(self)  # type: ignore[assignment]
+        # Set when the connection is closed, or its last write failed: the
+        # end of the response that an EOF from the client waits for.
+        self._answered = trio.Event()
 
     async def protocol_send(self, event: Any) -> None:
         if not isinstance(event, RawData):
@@ -139,18 +142,54 @@ class LeanTCPServer(TCPServer):
                 with trio.CancelScope(shield=True), trio.fail_after(seconds):
                     await self.stream.send_all(event.data)
             except trio.TooSlowError:
+                self._answered.set()
                 await self.stream.aclose()  # also ends the read of this connection
                 await self.protocol.handle(Closed())
             except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._answered.set()
                 await self.protocol.handle(Closed())
 
     async def _read_data(self) -> None:
-        # Hypercorn's own timer outlives a connection that its client closed
-        # while idle, until the keep-alive timeout; this one ends with it.
+        # hypercorn's own loop, but for the end of the client's data (EOF)
+        # while a request it sent whole is being answered: that is a client
+        # that has said all it will say (``shutdown(SHUT_WR)``, as RFC 9112
+        # §9.6 allows), not one that has gone. hypercorn took it for a
+        # disconnect: the handler was cancelled and the response lost. Now
+        # the response is written first; the protocol closes the connection
+        # after it, as for ``Connection: close``. A client that has really
+        # gone shows when the response's write fails, as for any response.
         try:
-            await super()._read_data()
+            while True:
+                try:
+                    with trio.fail_after(self.config.read_timeout or math.inf):
+                        data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                    break
+                answering = data == b"" and self._answering_whole_request()
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    if answering:
+                        await self._answered.wait()
+                    break
+            await self.protocol.handle(Closed())
         finally:
+            # Hypercorn's own timer outlives a connection that its client
+            # closed while idle, until the keep-alive timeout; this one ends
+            # with it.
             self.idle_task.close()  # type: ignore[attr-defined]
+
+    def _answering_whole_request(self) -> bool:
+        protocol = getattr(self.protocol, "protocol", None)
+        if not isinstance(protocol, LeanH11Protocol) or protocol.stream is None:
+            return False
+        connection = protocol.connection
+        # ``completed``: the request's end has arrived (protocol_errors).
+        return bool(getattr(connection, "completed", False)) and connection.our_state in (
+            h11.SEND_RESPONSE, h11.SEND_BODY)
+
+    async def _close(self) -> None:
+        self._answered.set()
+        await super()._close()
 
 
 class LeanH11Protocol(EnvelopeH11Protocol):
@@ -183,7 +222,8 @@ class LeanH11Protocol(EnvelopeH11Protocol):
 def install() -> None:
     """Put the lean connection classes in place in hypercorn (idempotent)."""
     _replace(hypercorn.trio.run, "TCPServer", TCPServer, LeanTCPServer)
-    if not all(hasattr(TCPServer, name) for name in ("_initiate_server_close", "_idle_timeout")):
+    if not all(hasattr(TCPServer, name)
+               for name in ("_initiate_server_close", "_idle_timeout", "_read_data", "_close")):
         raise RuntimeError("hypercorn's TCPServer has changed: cannot install its keep-alive timer")
     _replace(hypercorn.protocol, "H11Protocol", H11Protocol, LeanH11Protocol)
     if not all(hasattr(H11Protocol, name) for name in ("_send_h11_event", "_maybe_recycle")):
