@@ -104,6 +104,12 @@ def test_a_mailbox_has_an_optional_display_name() -> None:
     assert Mailbox(None, "hi@acme.example").formatted == "hi@acme.example"
 
 
+@pytest.mark.parametrize("name", [" Ann ", "Ann  Lee", " ", "Ann Lee", "Ünï Näme"])
+def test_a_display_name_comes_back_as_it_was_given(name: str) -> None:
+    shown = Mailbox(name, "hi@acme.example").formatted
+    assert parse_mailbox(shown) == Mailbox(name, "hi@acme.example"), shown
+
+
 @pytest.mark.parametrize(
     "value, reason",
     [

@@ -74,7 +74,9 @@ def display(name: str | None, address: str) -> str:
     from it (the name RFC 2047-encoded, the domain in its xn-- form)."""
     if not name:
         return address
-    if _SPECIALS.search(name):
+    if _SPECIALS.search(name) or name != " ".join(name.split()):
+        # A special character, or spaces that an unquoted name would lose
+        # (at either end, or several in a row): the name is quoted.
         name = '"' + _ESCAPED.sub(r"\\\g<0>", name) + '"'
     return f"{name} <{address}>"
 
