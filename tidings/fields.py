@@ -81,7 +81,37 @@ def _finite(text: str) -> float:
     return number
 
 
+class RepeatedKey(ValueError):
+    """A JSON object that names one key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"{key}: is given more than once in one object")
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # RFC 8259 §4 leaves an object with a repeated name to each parser: some
+    # keep the first value, some the last. A request read one way by a proxy
+    # and another way here is refused rather than guessed at.
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise RepeatedKey(key)
+            seen.add(key)
+    return result
+
+
+def check_unique_keys(data: str | bytes) -> None:
+    """RepeatedKey for the first key that an object of ``data`` (valid JSON)
+    names twice."""
+    json.loads(data, object_pairs_hook=_unique)
+
+
 def strict_json(data: str | bytes) -> Any:
     """``json.loads`` as RFC 8259 has JSON: ValueError for NaN, Infinity and
-    numbers beyond a double (which Python's json would take)."""
-    return json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+    numbers beyond a double (which Python's json would take), and RepeatedKey
+    for an object that names one key twice."""
+    return json.loads(data, parse_constant=_no_constant, parse_float=_finite,
+                      object_pairs_hook=_unique)

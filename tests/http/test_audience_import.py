@@ -232,6 +232,8 @@ async def test_bodies_refused_as_a_whole(client: httpx.AsyncClient) -> None:
         (b'{"contacts": [], "color": 1}', "application/json", "color"),
         (b'{"contacts": [], "segment_id": "S1"}', "application/json", "segment_id"),
         (b'"a@example.com"', "application/json", "JSON array"),
+        (b'[{"email": "a@example.com", "email": "b@example.com"}]', "application/json",
+         "email: is given more than once"),
         (b"email\na@example.com\n", "application/xml", "Content-Type"),
         (b"email\n\xff\n", "text/csv", "UTF-8"),
     ]

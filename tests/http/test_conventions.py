@@ -169,6 +169,21 @@ async def test_unparseable_json_is_400(client: httpx.AsyncClient) -> None:
     assert "not valid JSON" in message
 
 
+async def test_a_key_given_twice_in_one_object_is_400_naming_it(
+    client: httpx.AsyncClient,
+) -> None:
+    # Parsers differ on which value a repeated key keeps: none is chosen here.
+    bodies = [
+        (b'{"email": "a@example.com", "email": "b@example.com"}', "email"),
+        (b'{"email": "a@example.com", "properties": {"plan": "x", "plan": "y"}}', "plan"),
+    ]
+    for body, key in bodies:
+        response = await client.post("/contacts", content=body, headers=JSON_HEADERS)
+        message = assert_error(response, 400, "BAD_REQUEST")
+        assert f"{key}: is given more than once" in message, message
+    assert (await client.get("/contacts")).json()["data"]["data"] == []
+
+
 async def test_missing_body_is_400(client: httpx.AsyncClient) -> None:
     assert_error(await client.post("/contacts"), 400, "BAD_REQUEST")
     response = await client.post("/contacts", content=b"  ", headers=JSON_HEADERS)

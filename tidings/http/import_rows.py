@@ -17,7 +17,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tidings.fields import NUL_REASON, FieldError, has_nul, strict_json
+from tidings.fields import NUL_REASON, FieldError, RepeatedKey, has_nul, strict_json
 from tidings.http.contact_fields import (
     ConsentStatus,
     Email,
@@ -146,6 +146,8 @@ def too_many(count: int) -> ApiError:
 def parse_json(data: bytes, known: Mapping[str, PropertyType]) -> Parsed:
     try:
         document = strict_json(data)
+    except RepeatedKey as error:
+        raise bad_request(f"invalid body: {error}") from None
     except (ValueError, RecursionError):
         raise bad_request("request body is not valid JSON") from None
     segment_id = None

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 from quart import request
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
+from tidings.fields import RepeatedKey, check_unique_keys
 from tidings.http.envelope import bad_request, describe_validation
 from tidings.http.routing import RawBody, Route
 
@@ -49,11 +50,16 @@ def parse_body(model: type[BaseModel], raw: bytes, required: bool = True) -> Bas
     if not raw.strip():
         raise bad_request("request body is required: send a JSON object")
     try:
-        return model.model_validate_json(raw)
+        parsed = model.model_validate_json(raw)
     except ValidationError as error:
         if error.errors()[0]["type"] == "json_invalid":
             raise bad_request("request body is not valid JSON") from None
         raise bad_request(describe_validation(error, "body")) from None
+    try:
+        check_unique_keys(raw)
+    except RepeatedKey as error:
+        raise bad_request(f"invalid body: {error}") from None
+    return parsed
 
 
 async def read_body(limit: int) -> bytes:
