@@ -13,7 +13,8 @@ from tests.broadcasts.helpers import batch_args, emails_of, hold, wait_status
 from tests.email.helpers import ok
 from tidings.service import Service
 from tidings.storage import broadcasts_fanout as fanout
-from tidings.storage.broadcasts_batch import CLAIM_CHUNK, queue_batch
+from tidings.storage.broadcasts_batch import CLAIM_CHUNK, Batch, queue_batch
+from tidings.storage.db import AsyncioConnection
 
 
 async def test_counting_rules_and_rendering(
@@ -89,6 +90,55 @@ async def test_snapshot_and_cancel_during_fanout(
     assert after.held is False and after.queued == 0
     assert len(await emails_of(service, bid)) == 1
     assert ok(await client.get(f"/broadcasts/{bid}"))["queued_count"] == 1
+
+
+async def test_contacts_that_opt_out_after_the_snapshot_get_no_email(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    await add_contact(client, audience.segment_id, email="gus@example.com", first_name="Gus")
+    body = draft(audience, topic_id=audience.topic_id)
+    bid = ok(await client.post("/broadcasts", json=body), 201)["id"]
+    owner = await hold(service, bid)
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    assert (await service.db.run(fanout.snapshot, UUID(bid), owner, 10)).eligible == 3
+    # After the snapshot, before their emails are made: ada unsubscribes,
+    # bob opts out of the topic; gus stays.
+    ok(await client.patch(f"/contacts/{audience.contacts['ada']}", json={"unsubscribed": True}))
+    ok(await client.patch(f"/contacts/{audience.contacts['bob']}/topics", json={
+        "topics": [{"id": audience.topic_id, "subscription": "opt_out"}]}))
+    done = await service.db.run(queue_batch, await batch_args(service, bid, owner))
+    assert (done.handled, done.queued, done.failed, done.blocked) == (3, 1, 0, 2)
+    assert [e["to_addresses"] for e in await emails_of(service, bid)] == [["gus@example.com"]]
+    shown = ok(await client.get(f"/broadcasts/{bid}"))
+    counts = ("audience_count", "suppressed_count", "eligible_count", "queued_count")
+    assert [shown[name] for name in counts] == [7, 6, 1, 1]
+
+
+async def queue_then_unsubscribe(conn: AsyncioConnection, batch: Batch, contact: UUID) -> None:
+    async with conn.transaction():  # the send worker sees both at once
+        await queue_batch(conn, batch)
+        await conn.execute("UPDATE contacts SET unsubscribed = true WHERE id = $1", contact)
+
+
+async def test_an_email_whose_contact_unsubscribes_before_it_is_sent_is_not_sent(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
+    owner = await hold(service, bid)
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    await service.db.run(fanout.snapshot, UUID(bid), owner, 10)
+    args = await batch_args(service, bid, owner)
+    await service.db.run(queue_then_unsubscribe, args, UUID(audience.contacts["ada"]))
+    with trio.fail_after(10):
+        while "queued" in (statuses := {
+            e["to_addresses"][0]: e["status"] for e in await emails_of(service, bid)
+        }).values():
+            await trio.sleep(0.05)
+    assert statuses["ada@example.com"] == "suppressed"
+    assert statuses["bob@example.com"] not in ("suppressed", "failed"), statuses
+    ada = next(e for e in await emails_of(service, bid) if e["to_addresses"] == ["ada@example.com"])
+    events = ok(await client.get(f"/emails/{ada['id']}/events"))["data"]
+    assert any(e["type"] == "suppressed" and "unsubscribed" in str(e) for e in events), events
 
 
 async def test_resume_never_queues_twice(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import httpx
+import trio
 
 from tests.broadcasts.conftest import Audience, draft
 from tests.broadcasts.helpers import hold, wait_status
@@ -100,3 +101,47 @@ async def test_scheduled_broadcast_starts_on_time(
     queued_at = datetime.fromisoformat(done["queued_at"])
     assert at <= queued_at < at + timedelta(seconds=2.5), (at, queued_at)
     assert done["queued_count"] == 3  # no topic: finn is eligible too
+
+
+async def test_a_schedule_canceled_then_sent_now_or_sooner_goes_out_then(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    # The broadcast's actor is waiting for the first time when the plan changes.
+    now_id, sooner_id = await make(client, audience), await make(client, audience)
+    for bid in (now_id, sooner_id):
+        ok(await client.post(f"/broadcasts/{bid}/send", json={"scheduled_at": later(25)}))
+    await trio.sleep(1)
+    for bid in (now_id, sooner_id):
+        assert ok(await client.post(f"/broadcasts/{bid}/cancel"))["status"] == "draft"
+    ok(await client.post(f"/broadcasts/{now_id}/send"))
+    at = datetime.now(UTC) + timedelta(seconds=2)
+    ok(await client.post(f"/broadcasts/{sooner_id}/send", json={"scheduled_at": at.isoformat()}))
+    await wait_status(service, now_id, "sent", within=5)
+    await wait_status(service, sooner_id, "sent", within=8)
+    sooner = ok(await client.get(f"/broadcasts/{sooner_id}"))
+    queued_at = datetime.fromisoformat(sooner["queued_at"])
+    assert at <= queued_at < at + timedelta(seconds=2.5), (at, queued_at)
+
+
+async def test_concurrent_patches_without_revision_each_apply(
+    client: httpx.AsyncClient, audience: Audience
+) -> None:
+    bid = await make(client, audience)
+    changes = {"name": "N", "subject": "S", "preview_text": "P", "from_name": "F",
+               "text": "T"}
+    statuses: list[int] = []
+
+    async def patch(name: str, value: str) -> None:
+        response = await client.patch(f"/broadcasts/{bid}", json={name: value})
+        statuses.append(response.status_code)
+
+    async with trio.open_nursery() as nursery:
+        for name, value in changes.items():
+            nursery.start_soon(patch, name, value)
+    assert statuses == [200] * len(changes)
+    shown = ok(await client.get(f"/broadcasts/{bid}"))
+    assert {name: shown[name] for name in changes} == changes  # no change lost
+    assert shown["revision"] == 1 + len(changes)
+    # With a revision, a stale one is still refused.
+    stale = await client.patch(f"/broadcasts/{bid}", json={"name": "x", "revision": 1})
+    assert "revision 1 is stale" in assert_error(stale, 409, "CONFLICT")

@@ -109,7 +109,9 @@ class FanoutActor(Actor[Wake]):
                 wait = await self._work(mailbox)
                 if wait is None or wait > IDLE_SECONDS:
                     break  # the dispatcher's poll wakes it when it is due
-                await mailbox.sleep(max(wait, 0.01))
+                # Due soon: wait for then, or for a wake before it (the
+                # broadcast sent now, canceled or scheduled again).
+                await mailbox.next(within=max(wait, 0.01))
 
     async def _work(self, mailbox: Mailbox[Wake]) -> float | None:
         """Fan out if the broadcast is ours to; else seconds until it is due

@@ -98,10 +98,12 @@ class Emails:
         provider = self.provider.name
         clock = Clock()
         data = email.data()
-        blocked = set(email.suppressed)
+        blocked = set(email.send_to if email.unsubscribed else email.suppressed)
+        reason = ("the contact has unsubscribed from this mail" if email.unsubscribed
+                  else "the address is on the team's suppression list")
         changes = [
             Change(email.id, email.team_id, "suppressed", address, clock.tick(), provider, data,
-                   message="the address is on the team's suppression list")
+                   message=reason)
             for address in email.send_to if address in blocked
         ]
         recipients = [a for a in email.send_to if a not in blocked]

@@ -102,14 +102,17 @@ class Mailbox(Generic[M]):
                 return
             yield message
 
-    async def next(self) -> M | None:
-        """The next message, or None when the actor should stop."""
+    async def next(self, within: float | None = None) -> M | None:
+        """The next message, or None when the actor should stop.
+
+        ``within``: wait that long at most, in place of ``idle_timeout``; None
+        then also when nothing came in time (``stopping`` tells which).
+        """
         self.finish_current()
         if self.stopping:
             return None
-        deadline = (
-            math.inf if self.idle_timeout is None else trio.current_time() + self.idle_timeout
-        )
+        timeout = self.idle_timeout if within is None else within
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
         with trio.CancelScope(deadline=deadline) as scope:
             self._wait_scope = scope
             try:
@@ -123,20 +126,6 @@ class Mailbox(Generic[M]):
             return message
         # The wait was cancelled: idle for too long, or asked to stop.
         return None
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep, waking early if the supervisor asks the actor to stop.
-
-        For actors whose ``run`` is a periodic loop rather than a message loop.
-        """
-        if self.stopping:
-            return
-        with trio.CancelScope() as scope:
-            self._wait_scope = scope
-            try:
-                await trio.sleep(seconds)
-            finally:
-                self._wait_scope = None
 
     def finish_current(self) -> None:
         if self.current is not None:

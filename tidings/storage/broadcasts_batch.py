@@ -35,9 +35,10 @@ from tidings.storage.connection import Connection
 from tidings.storage.emails import DUE_CHANNEL as EMAILS_DUE
 from tidings.storage.events import FANOUT
 from tidings.storage.quotas import claim as claim_quota
+from tidings.storage.topics import not_opted_in
 
 _HELD = """
-SELECT id, team_id FROM broadcasts
+SELECT id, team_id, topic_id FROM broadcasts
 WHERE id = $1 AND status = 'queued' AND lease_owner = $2 AND snapshot_at IS NOT NULL
 FOR KEY SHARE
 """
@@ -45,7 +46,9 @@ FOR KEY SHARE
 # $1 broadcast, $2 lease owner, $3 the keys read from contact properties.
 # One row per recipient of the chunk, in the order ``Renderer.render``
 # reads; a single row with no chunk when none is left (or the broadcast is
-# not held).
+# not held). ``blocked``: the contact has, since the snapshot, unsubscribed,
+# opted out of the topic (or the topic is gone), lost its email or had it
+# suppressed; the snapshot's own test, made again when its email is made.
 CLAIM_CHUNK = f"""
 WITH b AS ({_HELD}), chunk AS (
     SELECT k.chunk, k.contact_ids FROM broadcast_chunks k
@@ -58,7 +61,15 @@ SELECT u.contact_id, c.email, c.first_name, c.last_name,
            ARRAY(SELECT c.properties ->> p.key
                  FROM unnest($3::text[]) WITH ORDINALITY AS p(key, n) ORDER BY p.n)
        END AS properties,
-       (SELECT count(*) FROM b) AS held, chunk.chunk
+       (SELECT count(*) FROM b) AS held, chunk.chunk,
+       c.id IS NOT NULL AND (
+           c.email IS NULL
+           OR c.unsubscribed
+           OR EXISTS (SELECT 1 FROM suppressions sup
+                      WHERE sup.team_id = c.team_id AND sup.address = lower(c.email))
+           OR ((SELECT topic_id FROM b) IS NOT NULL
+               AND {not_opted_in("(SELECT topic_id FROM b)", "c.id")})
+       ) AS blocked
 FROM (SELECT 1) one
 LEFT JOIN chunk ON true
 LEFT JOIN LATERAL unnest(chunk.contact_ids) AS u(contact_id) ON true
@@ -115,12 +126,16 @@ SELECT (SELECT count(*) FROM b) AS held,
 
 # What a batch did, on the broadcast, whatever its status now (the emails
 # are queued); the lease is extended only while it is still the caller's.
-# $1 broadcast, $2 handled, $3 queued, $4 failed, $5 lease owner, $6 lease seconds.
+# Contacts blocked since the snapshot move from eligible to suppressed.
+# $1 broadcast, $2 handled, $3 queued, $4 failed, $5 lease owner, $6 lease
+# seconds, $7 blocked.
 COUNT_BATCH = """
 UPDATE broadcasts SET
     fanout_cursor = fanout_cursor + $2,
     queued_count = queued_count + $3,
     failed_count = failed_count + $4,
+    eligible_count = eligible_count - $7,
+    suppressed_count = suppressed_count + $7,
     leased_until = CASE WHEN lease_owner = $5 THEN now() + $6 * interval '1 second'
                         ELSE leased_until END,
     revision = revision + 1, updated_at = now()
@@ -154,6 +169,7 @@ class Queued:
     handled: int
     queued: int
     failed: int
+    blocked: int = 0  # eligible at the snapshot, not any more: suppressed
 
 
 async def _queue(conn: Connection, batch: Batch) -> Queued:
@@ -163,8 +179,9 @@ async def _queue(conn: Connection, batch: Batch) -> Queued:
     held, chunk = bool(rows[0]["held"]), rows[0]["chunk"]
     if not held or chunk is None:
         return Queued(held, 0, 0, 0)
+    recipients = [row for row in rows if not row["blocked"]]
     # An asyncpg Record iterates over its values, in the statement's order.
-    made = renderer.render(cast(list[Sequence[Any]], rows))
+    made = renderer.render(cast(list[Sequence[Any]], recipients))
     texts = made.texts if renderer.has_text else None  # NULL: every text NULL
     row = await conn.fetchrow(
         QUEUE_EMAILS, batch.broadcast_id, batch.owner, chunk, made.contact_ids, made.emails,
@@ -174,9 +191,9 @@ async def _queue(conn: Connection, batch: Batch) -> Queued:
     assert row is not None
     if not row["held"]:
         return Queued(False, 0, 0, 0)
-    done = Queued(True, len(rows), row["queued"], made.failed)
+    done = Queued(True, len(rows), row["queued"], made.failed, len(rows) - len(recipients))
     await conn.execute(COUNT_BATCH, batch.broadcast_id, done.handled, done.queued, done.failed,
-                       batch.owner, batch.lease_seconds)
+                       batch.owner, batch.lease_seconds, done.blocked)
     return done
 
 

@@ -31,6 +31,7 @@ from tidings.storage.connection import Connection
 from tidings.storage.emails import DUE_CHANNEL, Change, Clock, event_data, record_changes
 from tidings.storage.leases import keys_of, lease_sql, owners_of
 from tidings.storage.suppressions import Reason, suppress_emails
+from tidings.storage.topics import not_opted_in
 
 __all__ = ["DUE_CHANNEL"]
 
@@ -42,14 +43,19 @@ LEASES = lease_sql(
     owner="team_id",
     due="t.next_attempt_at",
     pending="t.next_attempt_at IS NOT NULL",
-    claimed="""
+    claimed=f"""
 SELECT c.id, c.team_id, c.from_address, c.from_email, c.to_addresses, c.cc, c.reply_to,
        c.send_to, c.subject, c.html, c.text, c.headers::text AS headers, c.domain,
        c.smtp_message_id, c.attempt_count, c.status,
        ARRAY(SELECT a FROM unnest(c.send_to) a
              WHERE EXISTS (SELECT 1 FROM suppressions s
                            WHERE s.team_id = c.team_id AND s.address = lower(a)))
-           AS suppressed
+           AS suppressed,
+       c.contact_id IS NOT NULL AND EXISTS (
+           SELECT 1 FROM contacts k JOIN broadcasts b ON b.id = c.broadcast_id
+           WHERE k.id = c.contact_id AND (k.unsubscribed OR (
+               b.topic_id IS NOT NULL AND {not_opted_in("b.topic_id", "k.id")})))
+           AS unsubscribed
 FROM claimed c
 """,
 )
@@ -155,6 +161,9 @@ class Claimed:
     status: str
     # Those of send_to the team has suppressed since (as spelled in send_to).
     suppressed: list[str]
+    # A broadcast's email whose contact has unsubscribed (from all broadcasts,
+    # or from the broadcast's topic) since it was queued.
+    unsubscribed: bool = False
 
     @classmethod
     def from_row(cls, row: Any) -> Claimed:

@@ -85,6 +85,17 @@ WITH recorded AS (
 SELECT (SELECT count(*) FROM recorded) + (SELECT count(*) FROM removed)
 """
 
+def not_opted_in(topic_id: str, contact_id: str) -> str:
+    """SQL: true unless the contact's choice for the topic, or else the
+    topic's default, is ``opt_in`` (also true when the topic is gone). Both
+    arguments are SQL expressions; a NULL ``topic_id`` is the caller's to test."""
+    return f"""(coalesce(
+    (SELECT ts.subscription FROM topic_subscriptions ts
+     WHERE ts.topic_id = {topic_id} AND ts.contact_id = {contact_id}),
+    (SELECT tp.default_subscription FROM topics tp WHERE tp.id = {topic_id}))
+    IS DISTINCT FROM 'opt_in')"""
+
+
 # The set-based question of the sending paths.
 SUBSCRIBED = """
 SELECT c.id
