@@ -14,6 +14,7 @@ import httpx
 import trio
 
 from tests.test_e2e import free_port, service_env, wait_healthy
+from tidings.workers import RESTARTS
 
 
 def workers_command(port: int) -> list[str]:
@@ -36,6 +37,23 @@ async def start_set(data_dir: Path) -> tuple[int, dict[str, str], trio.Process]:
     return port, env, process
 
 
+async def worker_pids(url: str, count: int = 2) -> set[int]:
+    """The pids of the workers answering at ``url`` (``count`` of them), seen live
+    (dead ones may linger in no answer)."""
+    pids: set[int] = set()
+    with trio.fail_after(30):
+        while len(pids := {pid for pid in pids if alive(pid)}) < count:
+            # A new connection each time: the kernel picks a worker per connection.
+            async with httpx.AsyncClient() as client:
+                try:
+                    metrics = (await client.get(f"{url}/metrics")).text
+                except httpx.TransportError:  # a worker killed under this connection
+                    continue
+            found = re.findall(r'tidings_process\{pid="(\d+)"', metrics)
+            pids.update(int(pid) for pid in found)
+    return pids
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -53,14 +71,7 @@ async def test_two_workers_share_the_port_and_stop_on_sigterm(tmp_path: Path) ->
     )
     try:
         await wait_healthy(url, process)
-        pids: set[int] = set()
-        with trio.fail_after(30):
-            while len(pids) < 2:
-                # A new connection each time: the kernel picks a worker per connection.
-                async with httpx.AsyncClient() as client:
-                    metrics = (await client.get(f"{url}/metrics")).text
-                found = re.findall(r'tidings_process\{pid="(\d+)"', metrics)
-                pids.update(int(pid) for pid in found)
+        pids = await worker_pids(url)
         assert process.pid not in pids
         assert all(alive(pid) for pid in pids)
 
@@ -213,3 +224,64 @@ async def test_workers_stopped_while_starting_exit_0(tmp_path: Path) -> None:
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(30):
             assert await process.wait() == 0, f"SIGTERM {moment}"
+
+
+async def test_a_worker_that_dies_is_replaced_and_the_set_serves_on(tmp_path: Path) -> None:
+    port, _, process = await start_set(tmp_path / "data")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        first = await worker_pids(url)
+        killed = min(first)
+        os.kill(killed, signal.SIGKILL)
+        with trio.fail_after(30):
+            while (now := await worker_pids(url)) == first or killed in now:
+                await trio.sleep(0.2)
+        assert len(now) == 2 and max(first) in now  # one new, the other untouched
+        assert process.returncode is None
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"{url}/readyz")).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(15):
+            assert await process.wait() == 0
+        assert not any(alive(pid) for pid in now)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def workers_of(parent: int) -> set[int]:
+    """The live worker processes of a ``--workers`` parent, from /proc."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == parent and state != "Z" and b"--reuse-port" in command:
+            found.add(int(entry.name))
+    return found
+
+
+async def test_workers_that_keep_dying_stop_the_set_with_exit_1(tmp_path: Path) -> None:
+    _, _, process = await start_set(tmp_path / "data")
+    killed: set[int] = set()
+    try:
+        with trio.fail_after(60):
+            while process.returncode is None:
+                for pid in workers_of(process.pid) - killed:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                await trio.sleep(0.05)
+        assert process.returncode == 1
+        # Each exit was replaced, RESTARTS times; the exit after that stopped the set.
+        assert len(killed) >= 1 + RESTARTS
+        assert not any(alive(pid) for pid in killed)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

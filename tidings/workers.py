@@ -11,8 +11,12 @@ It also hands them the data dir's sealing key (``tidings.sealing``): a
 worker given a database URL would otherwise make a key of its own, and the
 replays of responses that carry a secret would fail on the other workers.
 
-If a worker exits on its own, the others are stopped too and the command
-exits 1: a process manager then restarts the whole set.
+A worker that exits on its own (a crash, an out-of-memory kill) is replaced
+by a new one while the others go on serving; its work is picked up from
+PostgreSQL when its leases end. A worker that keeps exiting (more than
+``RESTARTS`` within ``RESTART_WINDOW_SECONDS``: a database gone for good, a
+setting it cannot use) stops the others too, and the command exits 1 for a
+process manager to see.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ PARENT_ENV = "TIDINGS_WORKER_PARENT"
 # flight: its actors' stop (tidings.cli.ACTOR_STOP_SECONDS) and a margin.
 STOP_MARGIN_SECONDS = 6.5
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# A worker that exits on its own is replaced, unless this many were already
+# replaced within the window: then the set stops (exit status 1).
+RESTARTS = 5
+RESTART_WINDOW_SECONDS = 60.0
 
 
 async def _database_url(config: Config) -> str:
@@ -139,25 +147,37 @@ def _run(config: Config, host: str, port: int, count: int, received: list[int]) 
         sys.executable, "-m", "tidings", "serve", "--host", host, "--port", str(port),
         "--reuse-port",
     ]
-    # Own sessions: a Ctrl-C at the terminal reaches this process only, which
-    # forwards it once (a second one would make a worker stop at once).
-    workers = [
-        subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-        for _ in range(count)
-    ]
+
+    def start() -> subprocess.Popen[bytes]:
+        # Own sessions: a Ctrl-C at the terminal reaches this process only,
+        # which forwards it once (a second one would make a worker stop at once).
+        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    workers = [start() for _ in range(count)]
     stop_seconds = config.shutdown_grace_seconds + STOP_MARGIN_SECONDS
     log.info("started %d workers: %s", count, ", ".join(str(w.pid) for w in workers))
+    restarts: list[float] = []
     while True:
         if received:
             log.info("%s received: stopping %d workers", signal.Signals(received[0]).name,
                      count)
             return 0 if _stop(workers, stop_seconds) else 1
-        ended = [worker for worker in workers if worker.poll() is not None]
-        if ended:
-            log.error("worker %d exited with %d: stopping the others", ended[0].pid,
-                      ended[0].returncode)
-            _stop(workers, stop_seconds)
-            return 1
+        for index, worker in enumerate(workers):
+            if worker.poll() is None:
+                continue
+            now = time.monotonic()
+            restarts = [at for at in restarts if now - at < RESTART_WINDOW_SECONDS]
+            if len(restarts) >= RESTARTS:
+                log.error("worker %d exited with %d, after %d restarts within %.0f s: "
+                          "stopping the others", worker.pid, worker.returncode, len(restarts),
+                          RESTART_WINDOW_SECONDS)
+                _stop(workers, stop_seconds)
+                return 1
+            restarts.append(now)
+            workers[index] = start()
+            log.error("worker %d exited with %d: started worker %d in its place", worker.pid,
+                      worker.returncode, workers[index].pid)
         time.sleep(0.2)  # a signal runs ``note``; the next turn sees it
 
 
