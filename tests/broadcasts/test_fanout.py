@@ -48,6 +48,24 @@ async def test_counting_rules_and_rendering(
     assert [e["data"]["broadcast_id"] for e in events] == [bid]
 
 
+async def test_every_message_event_of_a_broadcast_email_names_the_broadcast(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
+    ok(await client.post(f"/broadcasts/{bid}/send"))
+    await wait_status(service, bid, "sent")
+    with trio.fail_after(15):  # sent at once, delivered a moment later (the sandbox)
+        while True:
+            events = ok(await client.get("/events", params={"limit": 100}))["data"]
+            types = {e["type"] for e in events if e["type"].startswith("message.")}
+            if {"message.queued", "message.sent", "message.delivered"} <= types:
+                break
+            await trio.sleep(0.1)
+    for event in events:
+        if event["type"].startswith("message."):
+            assert event["data"]["broadcast_id"] == bid, event
+
+
 async def test_missing_values_fail_only_their_email_and_escape_html(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:

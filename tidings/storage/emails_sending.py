@@ -14,8 +14,7 @@ reports, abuse reports) go through :func:`record_outcomes` too, which
 records each type of outcome once per recipient. A bounce or a complaint
 suppresses the address for the team.
 
-Every function here takes a raw connection and runs whole inside
-``Database.run``.
+Every function here takes a raw connection and runs inside ``Database.run``.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ LEASES = lease_sql(
     claimed=f"""
 SELECT c.id, c.team_id, c.from_address, c.from_email, c.to_addresses, c.cc, c.reply_to,
        c.send_to, c.subject, c.html, c.text, c.headers::text AS headers, c.domain,
-       c.smtp_message_id, c.attempt_count, c.status,
+       c.smtp_message_id, c.attempt_count, c.status, c.broadcast_id,
        ARRAY(SELECT a FROM unnest(c.send_to) a
              WHERE EXISTS (SELECT 1 FROM suppressions s
                            WHERE s.team_id = c.team_id AND s.address = lower(a)))
@@ -105,8 +104,8 @@ FOLLOWUP_DUE_IN = "SELECT extract(epoch FROM min(due_at) - now())::float8 FROM e
 # cannot deadlock) until the transaction ends: outcomes of one email are
 # recorded one writer after the other, and each sees what the last recorded.
 EMAILS_OF = """
-SELECT id, team_id, from_address, to_addresses, subject FROM emails WHERE id = ANY($1::uuid[])
-ORDER BY id FOR NO KEY UPDATE
+SELECT id, team_id, from_address, to_addresses, subject, broadcast_id FROM emails
+WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
 """
 
 # Which outcomes ($1-$3: email, recipient, type) are new: the first of each
@@ -159,10 +158,10 @@ class Claimed:
     smtp_message_id: str
     attempt_count: int
     status: str
+    broadcast_id: UUID | None  # in every event's data of a broadcast's email
     # Those of send_to the team has suppressed since (as spelled in send_to).
     suppressed: list[str]
-    # A broadcast's email whose contact has unsubscribed (from all broadcasts,
-    # or from the broadcast's topic) since it was queued.
+    # A broadcast's email whose contact unsubscribed (or left its topic) since.
     unsubscribed: bool = False
 
     @classmethod
@@ -172,7 +171,8 @@ class Claimed:
         return cls(**fields)
 
     def data(self, **more: Any) -> dict[str, Any]:
-        return event_data(self.id, self.from_address, self.to_addresses, self.subject, **more)
+        return event_data(self.id, self.from_address, self.to_addresses, self.subject,
+                          broadcast_id=self.broadcast_id and str(self.broadcast_id), **more)
 
 
 @dataclass(frozen=True)
@@ -321,10 +321,10 @@ async def record_outcomes(conn: Connection, outcomes: Sequence[Outcome]) -> list
         if not new:
             continue
         email = emails[o.email_id]
-        data = event_data(
-            email["id"], email["from_address"], email["to_addresses"], email["subject"],
-            code=o.code, message=o.message,
-        )
+        broadcast_id = email["broadcast_id"] and str(email["broadcast_id"])
+        data = event_data(email["id"], email["from_address"], email["to_addresses"],
+                          email["subject"], code=o.code, message=o.message,
+                          broadcast_id=broadcast_id)
         changes.append(Change(
             o.email_id, email["team_id"], o.type, o.recipient, o.occurred_at or clock.tick(),
             o.provider, data, code=o.code, message=o.message,
