@@ -4,6 +4,8 @@ The command is a client of the HTTP API, so a file goes through exactly the
 checks an HTTP import does. A file longer than one request may carry is
 sent in several requests of ``batch_size`` rows, and their reports are
 added up, with rejected row numbers counted from the start of the file.
+A CSV file is read as the service reads a body (``csv_records``), so one
+whose quoting is broken is refused before anything is sent.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import httpx
 
 from tidings.fields import strict_json
 from tidings.http.contact_import import MAX_LISTED_REJECTIONS, MAX_ROWS
+from tidings.http.import_rows import MalformedCsv, csv_records
 
 __all__ = ["MAX_ROWS", "ImportFailed", "import_file"]
 
@@ -90,9 +93,11 @@ def _csv_batches(data: bytes, batch_size: int) -> tuple[int, Iterator[tuple[int,
     except UnicodeDecodeError as error:
         raise ImportFailed(f"the file is not UTF-8 (byte {error.start})") from None
     try:
-        records = [record for record in csv.reader(io.StringIO(text, newline="")) if record]
-    except csv.Error as error:
-        raise ImportFailed(f"the file is not valid CSV: {error}") from None
+        # As the service reads it: a file it would refuse stops here, before
+        # any batch is sent.
+        records = csv_records(text)
+    except MalformedCsv as error:
+        raise ImportFailed(f"the file is not valid CSV: {error}; nothing was imported") from None
     if not records:
         raise ImportFailed("the file is empty: it needs a header row")
     header, rows = records[0], records[1:]

@@ -3,6 +3,10 @@
 A row that cannot be stored is rejected on its own, with its number and the
 reason; a body unfit as a whole is an ``ApiError``. Plain CPU work, run in a
 worker thread by ``POST /contacts/import`` (``tidings.http.contact_import``).
+
+CSV is read by ``csv_records``, which the command line (``tidings.importing``)
+uses too: quoting as RFC 4180 has it, and a text whose quoting is broken is
+refused whole, naming the line, never read by guessing where its rows end.
 """
 
 from __future__ import annotations
@@ -33,6 +37,16 @@ from tidings.storage.contact_properties import PropertyType
 MAX_ROWS = 50_000
 CSV_TYPES = frozenset({"text/csv", "application/csv"})
 DEFAULT_SOURCE = "import"
+
+# csv caps a field at 131,072 characters by default, a guard for readers of
+# unbounded streams; past it, the whole text fails. Every CSV text read here
+# is whole in memory already, bounded by TIDINGS_IMPORT_MAX_BODY_BYTES (the
+# command line: by the file it read), so the cap guards nothing, and a cell
+# too long for its field is that row's rejection (255 characters for a name,
+# 2000 for a string property), not the body's. The cap is process-wide: it is
+# lifted once, here, to the most a C long holds on every platform; Tidings
+# reads CSV nowhere else.
+csv.field_size_limit(2**31 - 1)
 
 
 class ImportContact(BaseModel):
@@ -229,6 +243,55 @@ def _csv_values(
     return values
 
 
+class MalformedCsv(ValueError):
+    """A CSV text whose quoting is broken; ``line`` (1: the first) is where."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+
+
+UNCLOSED = (
+    'a quoted field in the row that starts here is never closed (a " is missing), '
+    "so the rest of the text{to_last} would be one cell"
+)
+MISPLACED = (
+    'a quoted field goes on after its closing " ({error}); a " inside a quoted '
+    'field is written twice (""), and the field ends at the quote that closes it'
+)
+
+
+def csv_records(text: str) -> list[list[str]]:
+    """The records of a CSV text, blank lines left out, read strictly.
+
+    A field that starts with ``"`` is quoted as RFC 4180 has it: it must be
+    closed, and nothing but a comma or the end of the line may follow its
+    closing quote. Otherwise the reader could only guess where rows end (an
+    unclosed quote would take every line after it into one cell), so
+    MalformedCsv names the line instead. A ``"`` inside a field that does not
+    start with one is taken as it is (``O"Brien``): where rows end is not in
+    doubt there.
+    """
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    records: list[list[str]] = []
+    while True:
+        start = reader.line_num + 1
+        try:
+            record = next(reader)
+        except StopIteration:
+            return records
+        except csv.Error as error:
+            if str(error) == "unexpected end of data":
+                last = reader.line_num
+                to_last = f", to line {last}," if last > start else ""
+                raise MalformedCsv(start, UNCLOSED.format(to_last=to_last)) from None
+            if "expected after" in str(error):
+                raise MalformedCsv(reader.line_num, MISPLACED.format(error=error)) from None
+            raise MalformedCsv(reader.line_num, str(error)) from None
+        if record:
+            records.append(record)
+
+
 def parse_csv(data: bytes, known: Mapping[str, PropertyType]) -> Parsed:
     try:
         text = data.decode("utf-8-sig")
@@ -236,15 +299,14 @@ def parse_csv(data: bytes, known: Mapping[str, PropertyType]) -> Parsed:
         raise bad_request(f"CSV body: not UTF-8 (byte {error.start})") from None
     if "\x00" in text:
         raise bad_request(f"CSV body: {NUL_REASON}")
-    records = (record for record in csv.reader(io.StringIO(text, newline="")) if record)
     try:
-        header = next(records, None)
-        if header is None:
-            raise bad_request("CSV body: empty; send a header row and one row per contact")
-        columns = _header(header, known)
-        rows = list(records)
-    except csv.Error as error:
-        raise bad_request(f"CSV body: {error}") from None
+        records = csv_records(text)
+    except MalformedCsv as error:
+        raise bad_request(f"CSV body: {error}; nothing was imported") from None
+    if not records:
+        raise bad_request("CSV body: empty; send a header row and one row per contact")
+    columns = _header(records[0], known)
+    rows = records[1:]
     if len(rows) > MAX_ROWS:
         raise too_many(len(rows))
     checker = Checker(known)
