@@ -136,6 +136,48 @@ async def test_an_email_is_case_folded_as_the_database_does(client: httpx.AsyncC
     assert_error(await client.get(f"/contacts/{contact['id']}"), 404, "NOT_FOUND")
 
 
+async def test_an_email_naming_a_contact_is_normalised_as_a_stored_one(
+    client: httpx.AsyncClient,
+) -> None:
+    """A path or the email filter finds the contact under every spelling that
+    creating it would refuse as taken: the Unicode composed (NFC) or not, an
+    internationalised domain in its Unicode or its xn-- form."""
+    composed = "zo\u00eb@example.com"  # ë as one code point, as stored
+    decomposed = "zoe\u0308@example.com"  # e + combining diaeresis
+    zoe = await create(client, email=decomposed)
+    assert zoe["email"] == composed
+    taken = await client.post("/contacts", json={"email": decomposed})
+    assert "email" in assert_error(taken, 409, "CONFLICT")
+    assert ok(await client.get(f"/contacts/{decomposed}")) == zoe
+    assert await emails(client, email=decomposed) == [composed]
+    assert await emails(client, email=decomposed.upper()) == [composed]
+    patched = ok(await client.patch(f"/contacts/{decomposed}", json={"first_name": "Zoë"}))
+    assert patched["id"] == zoe["id"]
+    segment = ok(await client.post("/segments", json={"name": "S"}), 201)
+    joined = await client.post(f"/contacts/{decomposed}/segments/{segment['id']}")
+    assert ok(joined)["id"] == segment["id"]
+    assert await emails(client, email=decomposed, segment_id=segment["id"]) == [composed]
+    assert ok(await client.get(f"/contacts/{decomposed}/topics"))["data"] == []
+
+    ascii_form = "p@xn--exmple-cua.com"
+    p = await create(client, email=ascii_form)
+    assert p["email"] == "p@ex\u00e4mple.com"
+    for ref in (ascii_form, "p@XN--EXMPLE-CUA.COM", p["email"]):
+        assert ok(await client.get(f"/contacts/{ref}")) == p, ref
+        assert await emails(client, email=ref) == [p["email"]], ref
+    patched = ok(await client.patch(f"/contacts/{ascii_form}", json={"last_name": "P"}))
+    assert patched["id"] == p["id"]
+
+    # A value that is not an address is looked up as given: it names nobody.
+    for ref in ("a@@example.com", "zoe@", "@example.com"):
+        assert_error(await client.get(f"/contacts/{ref}"), 404, "NOT_FOUND")
+        assert await emails(client, email=ref) == []
+
+    ok(await client.delete(f"/contacts/{decomposed}"), 204)
+    ok(await client.delete(f"/contacts/{ascii_form}"), 204)
+    assert ok(await client.get("/contacts"))["data"] == []
+
+
 # --- PATCH -----------------------------------------------------------------------------
 
 

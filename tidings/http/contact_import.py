@@ -132,14 +132,20 @@ async def import_contacts(call: Call, query: ImportQuery, raw_body: RawBody) -> 
             call.conn, call.team_id, segment_id
         ):
             raise not_found("segment")
-        result = await store.import_contacts(call.conn, call.team_id, parsed.rows, segment_id)
+        result = await store.import_contacts(
+            call.conn, call.team_id, parsed.rows, segment_id, known
+        )
     rejected = parsed.rejected
-    if result.contended:
+    if result.contended or result.gone:
         emails = {row.row: row.email for row in parsed.rows}
         rejected = rejected + [
             Rejection(row=row, email=emails[row],
                       reason="email: changed by another request meanwhile; import it again")
             for row in result.contended
+        ] + [
+            Rejection(row=row, email=emails[row],
+                      reason=f"properties.{key}: its definition was deleted meanwhile")
+            for row, key in result.gone.items()
         ]
     return ImportOut(
         rows=parsed.total,

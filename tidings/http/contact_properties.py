@@ -2,7 +2,9 @@
 
 A team defines each key its contacts' ``properties`` may hold, with a type
 (string, number, boolean, date) and an optional fallback value of that type.
-Deleting a definition removes its key from every contact of the team.
+Deleting a definition removes its key from every contact of the team, and a
+write of the key that meets the deletion either comes first (and loses its
+value) or is refused.
 """
 
 from __future__ import annotations
@@ -136,6 +138,10 @@ async def update_property(call: Call, property_id: UUID, body: UpdateProperty) -
     permission="contacts:write", status=204,
 )
 async def delete_property(call: Call, property_id: UUID) -> Answer:
-    if await store.delete_property(call.conn, call.team_id, property_id) is None:
+    # One transaction: a contact written meanwhile with the key either loses
+    # its value or is refused (tidings.storage.contact_properties).
+    async with call.conn.transaction():
+        cleared = await store.delete_property(call.conn, call.team_id, property_id)
+    if cleared is None:
         raise not_found("contact property")
     return Answer(204)

@@ -1,7 +1,8 @@
 """Contacts over HTTP: create, list with filters, get, update and delete.
 
 A single contact is named in the path by its id or by its email address
-(``GET /contacts/ada@example.com``), case-insensitively.
+(``GET /contacts/ada@example.com``), case-insensitively; the email, there and
+in the ``email`` filter, is normalised as a contact's email is when stored.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from datetime import datetime
 from typing import Any, Literal, Self
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tidings.addresses import MAX_ADDRESS_LENGTH
+from tidings.addresses import MAX_ADDRESS_LENGTH, normalize_address
 from tidings.fields import FieldError, has_nul
 from tidings.http.contact_fields import ConsentStatus, Email, check_properties
-from tidings.http.envelope import bad_request, not_found, unprocessable
+from tidings.http.envelope import ApiError, bad_request, not_found, unprocessable
 from tidings.http.models import ListQuery, RequestBody
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
@@ -23,6 +24,7 @@ from tidings.phones import parse_phone
 from tidings.storage import contact_properties as definitions
 from tidings.storage import contacts as store
 from tidings.storage import segments as segment_store
+from tidings.storage.contact_properties import PropertyType
 
 routes = Routes("Contacts", storage_units=True)
 
@@ -125,6 +127,18 @@ class ContactList(BaseModel):
     has_more: bool
 
 
+def email_to_find(raw: str) -> str:
+    """An email naming a contact, normalised as a stored one is (Unicode NFC,
+    an internationalised domain in its Unicode form, the domain lowercased),
+    so every spelling that creating it would refuse as taken finds it;
+    PostgreSQL's ``lower()`` then ignores case. A value that is not a valid
+    address is kept as given: it finds no contact."""
+    try:
+        return normalize_address(raw)
+    except FieldError:
+        return raw.strip()
+
+
 class ContactQuery(ListQuery):
     email: str | None = Field(None, min_length=1, description="Exact, case-insensitive")
     segment_id: UUID | None = Field(None, description="Members of this segment only")
@@ -134,15 +148,21 @@ class ContactQuery(ListQuery):
         description="Case-insensitive partial match on email, first and last name",
     )
 
+    @field_validator("email", mode="after")
+    @classmethod
+    def _email_to_find(cls, value: str | None) -> str | None:
+        return None if value is None else email_to_find(value)
+
 
 def contact_ref(raw: str) -> store.ContactRef:
-    """A contact id, or an email address (matched case-insensitively)."""
+    """A contact id, or an email address (normalised by ``email_to_find``,
+    matched case-insensitively)."""
     try:
         return UUID(raw)
     except ValueError:
         pass
     if "@" in raw and not has_nul(raw) and len(raw) <= MAX_ADDRESS_LENGTH:
-        return raw.strip()
+        return email_to_find(raw)
     raise bad_request(f"contact_id: {raw!r} is neither a contact id (UUID) nor an email address")
 
 
@@ -168,15 +188,26 @@ def phone_fields(phone: str | None) -> tuple[str | None, str | None]:
 
 async def checked_properties(
     call: Call, values: dict[str, Any]
-) -> tuple[dict[str, Any], list[str]]:
-    """Properties to set and keys to remove; 422 naming an unknown key or a wrong type."""
+) -> tuple[dict[str, Any], list[str], dict[str, PropertyType]]:
+    """Properties to set, keys to remove, and the type each key to set was
+    checked as; 422 naming an unknown key or a wrong type.
+
+    The write then holds those definitions (``tidings.storage.contacts``):
+    one deleted meanwhile is ``store.PropertyGone``, see ``gone``."""
     if not values:
-        return {}, []
+        return {}, [], {}
     known = await definitions.property_types(call.conn, call.team_id)
     try:
-        return check_properties(values, known)
+        to_set, removed = check_properties(values, known)
     except FieldError as error:
         raise unprocessable(str(error)) from None
+    return to_set, removed, {key: known[key] for key in to_set}
+
+
+def gone(error: store.PropertyGone) -> ApiError:
+    """422 for a write that met the deletion of a definition it checked against."""
+    field = f"properties.{error.key}"
+    return unprocessable(str(FieldError(field, "its definition was deleted meanwhile")))
 
 
 def out(contact: store.Contact) -> ContactOut:
@@ -189,7 +220,7 @@ def out(contact: store.Contact) -> ContactOut:
 )
 async def create_contact(call: Call, body: CreateContact) -> ContactOut:
     normalized, country = phone_fields(body.phone)
-    properties, _ = await checked_properties(call, body.properties)
+    properties, _, types = await checked_properties(call, body.properties)
     new = store.NewContact(
         email=body.email,
         phone=body.phone,
@@ -201,8 +232,12 @@ async def create_contact(call: Call, body: CreateContact) -> ContactOut:
         last_name=body.last_name,
         unsubscribed=body.unsubscribed,
         properties=properties,
+        property_types=types,
     )
-    contact = await store.create_contact(call.conn, call.team_id, new)
+    try:
+        contact = await store.create_contact(call.conn, call.team_id, new)
+    except store.PropertyGone as error:
+        raise gone(error) from None
     return out(contact)
 
 
@@ -244,7 +279,7 @@ async def update_contact(call: Call, contact_id: str, body: UpdateContact) -> Co
     ref = contact_ref(contact_id)
     given = body.model_fields_set
     normalized, country = phone_fields(body.phone)
-    properties, removed = await checked_properties(call, body.properties or {})
+    properties, removed, types = await checked_properties(call, body.properties or {})
     changes = store.ContactChanges(
         given=frozenset(given),
         email=body.email,
@@ -258,9 +293,12 @@ async def update_contact(call: Call, contact_id: str, body: UpdateContact) -> Co
         sms_consent_source=body.sms_consent_source or "api",
         set_properties=properties,
         remove_properties=removed,
+        property_types=types,
     )
     try:
         contact = await store.update_contact(call.conn, call.team_id, ref, changes)
+    except store.PropertyGone as error:
+        raise gone(error) from None
     except store.Unreachable:
         raise unprocessable(
             "email, phone: a contact needs an email or a phone; this change would leave neither"

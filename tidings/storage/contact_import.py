@@ -7,23 +7,56 @@ index on ``lower(email)`` compares them (see ``tidings.storage.contacts``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from uuid import UUID
 
 from tidings.storage.connection import Connection, returned
+from tidings.storage.contact_properties import PropertyType
 
 # The bulk import, one pass: rows whose email the team has are updated, the
 # others inserted, all of them added to segment $13 (when not NULL). A row
 # whose email another transaction inserted after this statement's snapshot
 # is neither, and is left for the next pass. Absent values
 # (NULL) never overwrite stored ones; properties are merged key by key.
+#
+# Locks are taken in one order, whatever the order of the rows, so that two
+# imports, or an import and the deletion of a property, never wait for each
+# other in a circle: first the definitions of the keys the rows set, as the
+# types ($14, $15) they were checked as (KEY SHARE, as every write of
+# properties does: see tidings.storage.contacts); then the contacts to update,
+# in the order of their ids (as a property's deletion locks them); then the
+# new rows, inserted in the order of the unique index (lower(email)). A row
+# setting a key whose definition is gone by then is stored nowhere, and
+# answered in `gone`, with that key.
 IMPORT_CONTACTS = """
-WITH input AS (
-    SELECT * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
-                         $7::text[], $8::text[], $9::boolean[], $10::text[], $11::text[],
-                         $12::text[])
+WITH input AS MATERIALIZED (
+    SELECT row_no, email, phone, normalized_phone, phone_country, first_name, last_name,
+           unsubscribed, consent, consent_source, properties::jsonb AS properties
+    FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
+                $7::text[], $8::text[], $9::boolean[], $10::text[], $11::text[],
+                $12::text[])
         AS i(row_no, email, phone, normalized_phone, phone_country, first_name, last_name,
              unsubscribed, consent, consent_source, properties)
+), used AS (
+    SELECT DISTINCT jsonb_object_keys(properties) AS key FROM input
+), defined AS (
+    SELECT key FROM contact_properties
+    WHERE team_id = $1 AND key IN (SELECT key FROM used)
+      AND (key, type) IN (SELECT * FROM unnest($14::text[], $15::text[]))
+    FOR KEY SHARE
+), gone AS (
+    SELECT coalesce(array_agg(key), '{}') AS keys
+    FROM used WHERE key NOT IN (SELECT key FROM defined)
+), storable AS (
+    SELECT * FROM input
+    WHERE properties IS NULL OR NOT properties ?| (SELECT keys FROM gone)
+), existing AS (
+    SELECT c.id AS contact_id, i.*
+    FROM contacts c JOIN storable i ON lower(c.email) = lower(i.email)
+    WHERE c.team_id = $1
+    ORDER BY c.id
+    FOR NO KEY UPDATE OF c
 ), updated AS (
     UPDATE contacts c SET
         phone = COALESCE(i.phone, c.phone),
@@ -40,10 +73,10 @@ WITH input AS (
         sms_consent_source = CASE WHEN i.consent <> c.sms_consent_status THEN i.consent_source
                                   ELSE c.sms_consent_source END,
         properties = CASE WHEN i.properties IS NULL THEN c.properties
-                          ELSE c.properties || i.properties::jsonb END,
+                          ELSE c.properties || i.properties END,
         updated_at = now()
-    FROM input i
-    WHERE c.team_id = $1 AND lower(c.email) = lower(i.email)
+    FROM existing i
+    WHERE c.id = i.contact_id
     RETURNING c.id, i.row_no
 ), inserted AS (
     INSERT INTO contacts (team_id, email, phone, normalized_phone, phone_country, first_name,
@@ -53,11 +86,14 @@ WITH input AS (
            i.last_name, COALESCE(i.unsubscribed, false), COALESCE(i.consent, 'unknown'),
            CASE WHEN i.consent IS NULL THEN NULL ELSE now() END,
            CASE WHEN i.consent IS NULL THEN NULL ELSE i.consent_source END,
-           COALESCE(i.properties::jsonb, '{}'::jsonb)
-    FROM input i
+           COALESCE(i.properties, '{}'::jsonb)
+    FROM storable i
     WHERE NOT EXISTS (
         SELECT 1 FROM contacts c WHERE c.team_id = $1 AND lower(c.email) = lower(i.email)
     )
+      -- Only once every update is done: the contacts to update are locked first.
+      AND (SELECT count(*) FROM updated) >= 0
+    ORDER BY lower(i.email)
     ON CONFLICT (team_id, lower(email)) WHERE email IS NOT NULL DO NOTHING
     RETURNING id, lower(email) AS email_key
 ), members AS (
@@ -67,11 +103,18 @@ WITH input AS (
     WHERE $13::uuid IS NOT NULL
     ON CONFLICT DO NOTHING
     RETURNING contact_id
+), refused AS (
+    SELECT row_no, (SELECT min(k) FROM jsonb_object_keys(properties) AS k
+                    WHERE k NOT IN (SELECT key FROM defined)) AS key
+    FROM input
+    WHERE properties ?| (SELECT keys FROM gone)
 )
 SELECT ARRAY(SELECT i.row_no FROM inserted JOIN input i ON lower(i.email) = inserted.email_key)
            AS inserted,
        ARRAY(SELECT row_no FROM updated) AS updated,
-       (SELECT count(*) FROM members) AS added
+       (SELECT count(*) FROM members) AS added,
+       ARRAY(SELECT row_no FROM refused ORDER BY row_no) AS gone_rows,
+       ARRAY(SELECT key FROM refused ORDER BY row_no) AS gone_keys
 """
 
 # Each email as the unique index compares it, in the order given.
@@ -119,21 +162,32 @@ class ImportResult:
     added_to_segment: int
     # Rows that other transactions kept changing under this import.
     contended: list[int]
+    # Rows not stored because the definition of a key they set was deleted
+    # meanwhile: the row's number and that key.
+    gone: dict[int, str]
 
 
 async def import_contacts(
-    conn: Connection, team_id: UUID, rows: list[ImportRow], segment_id: UUID | None
+    conn: Connection,
+    team_id: UUID,
+    rows: list[ImportRow],
+    segment_id: UUID | None,
+    checked_as: Mapping[str, PropertyType],
 ) -> ImportResult:
     """Upsert ``rows`` by email and add them to ``segment_id``: set-based, one
     statement per pass (normally one pass).
 
     Emails must be unique within ``rows`` as ``email_keys`` folds them, and the
-    segment the team's. Run it in a transaction: cancelled or failing, it leaves nothing.
+    segment the team's. ``checked_as`` are the definitions the rows'
+    properties were checked against: a row with a key no longer defined so
+    is left out, and answered in ``gone``. Run it in a transaction, which
+    keeps those definitions until it ends: cancelled or failing, it leaves nothing.
     """
     created = updated = added = 0
+    gone: dict[int, str] = {}
     pending = rows
     if not pending:
-        return ImportResult(0, 0, 0, [])
+        return ImportResult(0, 0, 0, [], {})
     # A statement of its own, not the connection's cached one: PostgreSQL
     # plans a fresh statement for the rows it is given, where a cached one
     # would soon get a generic plan, made for arrays of unknown length and
@@ -157,12 +211,15 @@ async def import_contacts(
             [r.sms_consent_source for r in pending],
             [r.properties for r in pending],
             segment_id,
+            list(checked_as),
+            list(checked_as.values()),
         ))
         inserted_rows = set(record["inserted"])
         updated_rows = set(record["updated"])
         created += len(inserted_rows)
         updated += len(updated_rows)
         added += record["added"]
-        done = inserted_rows | updated_rows
+        gone.update(zip(record["gone_rows"], record["gone_keys"], strict=True))
+        done = inserted_rows | updated_rows | set(record["gone_rows"])
         pending = [r for r in pending if r.row not in done]
-    return ImportResult(created, updated, added, [r.row for r in pending])
+    return ImportResult(created, updated, added, [r.row for r in pending], gone)

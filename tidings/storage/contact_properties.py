@@ -40,17 +40,28 @@ WHERE team_id = $1 AND id = $2
 RETURNING {COLUMNS}
 """
 
-# The definition goes, and so does its key in every contact of the team.
-DELETE_PROPERTY = """
-WITH deleted AS (
-    DELETE FROM contact_properties WHERE team_id = $1 AND id = $2 RETURNING key
+# A deletion is two statements in one transaction. The first deletes the
+# definition, and so waits for every writer holding it (a contact's write
+# locks the definitions of the keys it sets, FOR KEY SHARE: see
+# tidings.storage.contacts) and makes every later one wait, then find it gone.
+DELETE_PROPERTY = "DELETE FROM contact_properties WHERE team_id = $1 AND id = $2 RETURNING key"
+
+# The second removes key $2 from every contact of the team: a statement of its
+# own, so that its snapshot has the contacts of the writers the first waited
+# for. It locks them in the order of their ids, as the import locks the
+# contacts it updates, so that neither waits for the other in a circle.
+CLEAR_KEY = """
+WITH holders AS (
+    SELECT id FROM contacts WHERE team_id = $1 AND properties ? $2
+    ORDER BY id
+    FOR NO KEY UPDATE
 ), cleared AS (
-    UPDATE contacts c SET properties = c.properties - d.key, updated_at = now()
-    FROM deleted d
-    WHERE c.team_id = $1 AND c.properties ? d.key
+    UPDATE contacts c SET properties = c.properties - $2, updated_at = now()
+    FROM holders h
+    WHERE c.id = h.id
     RETURNING c.id
 )
-SELECT (SELECT key FROM deleted) AS key, (SELECT count(*) FROM cleared) AS cleared
+SELECT count(*) FROM cleared
 """
 
 
@@ -115,8 +126,14 @@ async def update_fallback(
 
 
 async def delete_property(conn: Connection, team_id: UUID, property_id: UUID) -> int | None:
-    """Delete a definition and its key from every contact of the team, in one
-    statement. The number of contacts that lost a value, or None if no such
-    definition."""
-    row = returned(await conn.fetchrow(DELETE_PROPERTY, team_id, property_id))
-    return None if row["key"] is None else int(row["cleared"])
+    """Delete a definition and its key from every contact of the team. The
+    number of contacts that lost a value, or None if no such definition.
+
+    Run it in a transaction: a write of the key that meets the deletion either
+    commits before it (and loses its value) or is refused. Cancelled or
+    failing, the transaction leaves nothing."""
+    key: str | None = await conn.fetchval(DELETE_PROPERTY, team_id, property_id)
+    if key is None:
+        return None
+    cleared: int = await conn.fetchval(CLEAR_KEY, team_id, key)
+    return cleared

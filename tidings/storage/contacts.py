@@ -12,6 +12,7 @@ Case is folded by PostgreSQL's ``lower()`` alone, as the unique index on
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
@@ -19,6 +20,7 @@ from uuid import UUID
 import asyncpg
 
 from tidings.storage.connection import Connection, Json, Row, returned
+from tidings.storage.contact_properties import PropertyType
 from tidings.storage.errors import unique
 
 CONTACT_COLUMNS = """
@@ -27,15 +29,31 @@ sms_consent_updated_at, sms_consent_source, first_name, last_name, unsubscribed,
 properties, created_at, updated_at
 """
 
+# A write of a contact's properties first locks the definitions of the keys it
+# sets, as the types their values were checked as (KEY SHARE, until its
+# transaction ends), and writes nothing unless it has them all: a deletion of
+# one (tidings.storage.contact_properties) waits for the write and then
+# removes its value, or the write waits for the deletion and finds the
+# definition gone. The statement answers the keys it did not find in `gone`.
+# Here $12 are the keys, $13 their types.
 INSERT_CONTACT = f"""
-INSERT INTO contacts (team_id, email, phone, normalized_phone, phone_country,
-                      sms_consent_status, sms_consent_updated_at, sms_consent_source,
-                      first_name, last_name, unsubscribed, properties)
-VALUES ($1, $2, $3, $4, $5, $6,
-        CASE WHEN $6 = 'unknown' THEN NULL ELSE now() END,
-        CASE WHEN $6 = 'unknown' THEN NULL ELSE $7 END,
-        $8, $9, $10, $11::jsonb)
-RETURNING {CONTACT_COLUMNS}
+WITH defined AS (
+    SELECT key FROM contact_properties
+    WHERE team_id = $1 AND (key, type) IN (SELECT * FROM unnest($12::text[], $13::text[]))
+    FOR KEY SHARE
+), inserted AS (
+    INSERT INTO contacts (team_id, email, phone, normalized_phone, phone_country,
+                          sms_consent_status, sms_consent_updated_at, sms_consent_source,
+                          first_name, last_name, unsubscribed, properties)
+    SELECT $1, $2, $3, $4, $5, $6,
+           CASE WHEN $6 = 'unknown' THEN NULL ELSE now() END,
+           CASE WHEN $6 = 'unknown' THEN NULL ELSE $7 END,
+           $8, $9, $10, $11::jsonb
+    WHERE (SELECT count(*) FROM defined) = cardinality($12::text[])
+    RETURNING {CONTACT_COLUMNS}
+)
+SELECT inserted.*, ARRAY(SELECT unnest($12::text[]) EXCEPT SELECT key FROM defined) AS gone
+FROM (SELECT) AS one LEFT JOIN inserted ON true
 """
 
 # A contact is named by its id or, case-insensitively, by its email: $2 is
@@ -89,25 +107,35 @@ LIMIT $5 OFFSET $6
 
 # PATCH: for each nullable field a flag says whether it was given ($n) and
 # its new value follows ($n+1). The consent timestamp and source change only
-# when the status does.
+# when the status does. The keys set ($19, of types $20) are locked as in
+# INSERT_CONTACT, before the contact.
 UPDATE_CONTACT = f"""
-UPDATE contacts SET
-    email = CASE WHEN $4 THEN $5 ELSE email END,
-    phone = CASE WHEN $6 THEN $7 ELSE phone END,
-    normalized_phone = CASE WHEN $6 THEN $8 ELSE normalized_phone END,
-    phone_country = CASE WHEN $6 THEN $9 ELSE phone_country END,
-    first_name = CASE WHEN $10 THEN $11 ELSE first_name END,
-    last_name = CASE WHEN $12 THEN $13 ELSE last_name END,
-    unsubscribed = COALESCE($14, unsubscribed),
-    sms_consent_status = COALESCE($15, sms_consent_status),
-    sms_consent_updated_at = CASE WHEN $15 <> sms_consent_status THEN now()
-                                  ELSE sms_consent_updated_at END,
-    sms_consent_source = CASE WHEN $15 <> sms_consent_status THEN $16
-                              ELSE sms_consent_source END,
-    properties = (properties || $17::jsonb) - $18::text[],
-    updated_at = now()
-WHERE team_id = $1 AND id = ({TARGET})
-RETURNING {CONTACT_COLUMNS}
+WITH defined AS (
+    SELECT key FROM contact_properties
+    WHERE team_id = $1 AND (key, type) IN (SELECT * FROM unnest($19::text[], $20::text[]))
+    FOR KEY SHARE
+), updated AS (
+    UPDATE contacts SET
+        email = CASE WHEN $4 THEN $5 ELSE email END,
+        phone = CASE WHEN $6 THEN $7 ELSE phone END,
+        normalized_phone = CASE WHEN $6 THEN $8 ELSE normalized_phone END,
+        phone_country = CASE WHEN $6 THEN $9 ELSE phone_country END,
+        first_name = CASE WHEN $10 THEN $11 ELSE first_name END,
+        last_name = CASE WHEN $12 THEN $13 ELSE last_name END,
+        unsubscribed = COALESCE($14, unsubscribed),
+        sms_consent_status = COALESCE($15, sms_consent_status),
+        sms_consent_updated_at = CASE WHEN $15 <> sms_consent_status THEN now()
+                                      ELSE sms_consent_updated_at END,
+        sms_consent_source = CASE WHEN $15 <> sms_consent_status THEN $16
+                                  ELSE sms_consent_source END,
+        properties = (properties || $17::jsonb) - $18::text[],
+        updated_at = now()
+    WHERE team_id = $1 AND id = ({TARGET})
+      AND (SELECT count(*) FROM defined) = cardinality($19::text[])
+    RETURNING {CONTACT_COLUMNS}
+)
+SELECT updated.*, ARRAY(SELECT unnest($19::text[]) EXCEPT SELECT key FROM defined) AS gone
+FROM (SELECT) AS one LEFT JOIN updated ON true
 """
 
 # KEY SHARE: the contact cannot be deleted (nor its id change) before the
@@ -157,10 +185,41 @@ class NewContact:
     last_name: str | None
     unsubscribed: bool
     properties: dict[str, Json]
+    # The type each key of ``properties`` was checked as.
+    property_types: Mapping[str, PropertyType]
+
+
+class PropertyGone(Exception):
+    """A key the write sets is no longer defined with the type its value was
+    checked as: its definition was deleted meanwhile. Nothing was written."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _definitions(
+    values: Mapping[str, Json], types: Mapping[str, PropertyType]
+) -> tuple[list[str], list[str]]:
+    """The keys of ``values`` and their types, as the statements take them."""
+    return list(values), [types[key] for key in values]
+
+
+def _written(row: Row) -> Contact | None:
+    """The contact a write returned, None if there was none to update;
+    PropertyGone if a definition it needed was gone."""
+    if row["gone"]:
+        raise PropertyGone(min(row["gone"]))
+    if row["id"] is None:
+        return None
+    fields = dict(row)
+    del fields["gone"]
+    return Contact.from_row(fields)
 
 
 async def create_contact(conn: Connection, team_id: UUID, new: NewContact) -> Contact:
-    """Insert a contact. Raises Duplicate if the team has one with this email."""
+    """Insert a contact. Raises Duplicate if the team has one with this email,
+    PropertyGone if the definition of a key it sets was deleted meanwhile."""
     with unique("email", f"a contact with email {new.email!r} exists already"):
         row = await conn.fetchrow(
             INSERT_CONTACT,
@@ -175,8 +234,12 @@ async def create_contact(conn: Connection, team_id: UUID, new: NewContact) -> Co
             new.last_name,
             new.unsubscribed,
             json.dumps(new.properties),
+            *_definitions(new.properties, new.property_types),
         )
-    return Contact.from_row(returned(row))
+    contact = _written(returned(row))
+    if contact is None:
+        raise RuntimeError("the contact was not inserted")
+    return contact
 
 
 def _ref(ref: ContactRef) -> tuple[UUID | None, str | None]:
@@ -250,6 +313,8 @@ class ContactChanges:
     sms_consent_source: str = "api"
     set_properties: dict[str, Json] = field(default_factory=dict)
     remove_properties: list[str] = field(default_factory=list)
+    # The type each key of ``set_properties`` was checked as.
+    property_types: Mapping[str, PropertyType] = field(default_factory=dict)
 
 
 class Unreachable(Exception):
@@ -262,7 +327,8 @@ async def update_contact(
     """Apply a PATCH; None if the team has no such contact.
 
     Raises Duplicate if the new email is another contact's, Unreachable if
-    the contact would be left without an email and a phone.
+    the contact would be left without an email and a phone, PropertyGone if
+    the definition of a key it sets was deleted meanwhile.
     """
     given = changes.given
     try:
@@ -280,10 +346,11 @@ async def update_contact(
                 changes.sms_consent_source,
                 json.dumps(changes.set_properties),
                 changes.remove_properties,
+                *_definitions(changes.set_properties, changes.property_types),
             )
     except asyncpg.CheckViolationError:
         raise Unreachable() from None
-    return None if row is None else Contact.from_row(row)
+    return _written(returned(row))
 
 
 async def delete_contact(conn: Connection, team_id: UUID, ref: ContactRef) -> bool:
