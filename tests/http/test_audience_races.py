@@ -306,3 +306,31 @@ async def test_creates_racing_a_deletion_never_keep_its_key(
         if created.status_code != 201:
             assert "properties.plan: " in assert_error(created, 422, "UNPROCESSABLE_ENTITY")
         assert await holding_key(service, "plan") == []
+
+
+async def test_an_import_that_postgresql_ends_in_a_deadlock_runs_again(
+    client: httpx.AsyncClient, database_url: str, acme: Credential
+) -> None:
+    """A cycle with a third writer: the test's session holds the later of two
+    contacts the import updates, the import takes the first and waits for
+    it, then the session asks for the first. PostgreSQL ends the import (it
+    has waited longest); the import runs again once the session is done."""
+    first, second = "dl.1@example.com", "dl.2@example.com"
+    await import_rows(client, [{"email": first}, {"email": second}])
+    rows = [{"email": first, "first_name": "A"}, {"email": second, "first_name": "B"}]
+    async with sessions(database_url) as (holder, watcher):
+        ids = sorted([await holder.fetchval(
+            "SELECT id FROM contacts WHERE email = $1", email) for email in (first, second)])
+        await holder.execute("SET deadlock_timeout = '5s'")  # the import's is 1 s
+        async with trio.open_nursery() as nursery:
+            reports: list[dict[str, Any]] = []
+
+            async def run() -> None:
+                reports.append(await import_rows(client, rows))
+
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM contacts WHERE id = $1 FOR UPDATE", ids[1])
+                nursery.start_soon(run)
+                await wait_for_lock_waiters(watcher, 1)
+                await holder.execute("SELECT 1 FROM contacts WHERE id = $1 FOR UPDATE", ids[0])
+    assert reports[0]["updated"] == 2 and reports[0]["rejected_count"] == 0, reports

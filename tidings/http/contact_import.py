@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 from uuid import UUID
 
+import asyncpg
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +35,8 @@ routes = Routes("Contacts")
 
 # The response lists this many rejected rows at most; rejected_count has them all.
 MAX_LISTED_REJECTIONS = 1000
+# Runs of an import that PostgreSQL ends to break a deadlock, before it fails.
+DEADLOCK_ATTEMPTS = 3
 
 
 class ImportQuery(BaseModel):
@@ -127,14 +130,24 @@ async def import_contacts(call: Call, query: ImportQuery, raw_body: RawBody) -> 
         raise bad_request("segment_id: the query and the body name different segments")
     segment_id = query.segment_id or parsed.segment_id
     await drop_repeats(call, parsed)
-    async with call.conn.transaction():
-        if segment_id is not None and not await segment_store.lock_segment(
-            call.conn, call.team_id, segment_id
-        ):
-            raise not_found("segment")
-        result = await store.import_contacts(
-            call.conn, call.team_id, parsed.rows, segment_id, known
-        )
+    # The import locks in one order (docs/audience.md), so it does not
+    # deadlock with another import or a property's deletion; a cycle that
+    # takes a third writer is still possible, and PostgreSQL then ends one
+    # of them. The import is rolled back whole and run again.
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+        try:
+            async with call.conn.transaction():
+                if segment_id is not None and not await segment_store.lock_segment(
+                    call.conn, call.team_id, segment_id
+                ):
+                    raise not_found("segment")
+                result = await store.import_contacts(
+                    call.conn, call.team_id, parsed.rows, segment_id, known
+                )
+            break
+        except asyncpg.DeadlockDetectedError:
+            if attempt == DEADLOCK_ATTEMPTS:
+                raise
     rejected = parsed.rejected
     if result.contended or result.gone:
         emails = {row.row: row.email for row in parsed.rows}
