@@ -127,8 +127,8 @@ async def test_concurrent_patches_without_revision_each_apply(
     client: httpx.AsyncClient, audience: Audience
 ) -> None:
     bid = await make(client, audience)
-    changes = {"name": "N", "subject": "S", "preview_text": "P", "from_name": "F",
-               "text": "T"}
+    changes = {"subject": "S", "preview_text": "P", "from_name": "F", "text": "T"}
+    names = [f"name {n}" for n in range(12)]
     statuses: list[int] = []
 
     async def patch(name: str, value: str) -> None:
@@ -136,12 +136,13 @@ async def test_concurrent_patches_without_revision_each_apply(
         statuses.append(response.status_code)
 
     async with trio.open_nursery() as nursery:
-        for name, value in changes.items():
+        for name, value in [*changes.items(), *(("name", each) for each in names)]:
             nursery.start_soon(patch, name, value)
-    assert statuses == [200] * len(changes)
+    assert statuses == [200] * (len(changes) + len(names))
     shown = ok(await client.get(f"/broadcasts/{bid}"))
     assert {name: shown[name] for name in changes} == changes  # no change lost
-    assert shown["revision"] == 1 + len(changes)
+    assert shown["name"] in names
+    assert shown["revision"] == 1 + len(changes) + len(names)
     # With a revision, a stale one is still refused.
     stale = await client.patch(f"/broadcasts/{bid}", json={"name": "x", "revision": 1})
     assert "revision 1 is stale" in assert_error(stale, 409, "CONFLICT")

@@ -7,11 +7,14 @@ from __future__ import annotations
 import email
 import email.policy
 import uuid
+from email.header import decode_header, make_header
+from email.utils import getaddresses
 from typing import Any
 
 import dkim
 import pytest
 
+from tidings.addresses import display
 from tidings.email.dkim import new_private_key, public_key_base64
 from tidings.email.mime import build_message
 from tidings.email.signing import dkim_signature, sign
@@ -82,3 +85,17 @@ def test_no_line_exceeds_998_octets_whatever_the_words(word: int, subject: str) 
     assert parsed["Subject"] == " ".join(subject.split())
     assert parsed["X-Long-Word"] == "y" * word
     assert dkim.verify(sign(message, "acme.example", "tidings1", KEY), dnsfunc=dns)
+
+
+def test_display_names_reach_the_message_as_the_api_shows_them() -> None:
+    names = ["  Bob  Smith ", "Ann Lee", " Al", 'Acme, "Inc."']
+    raw = build_message(
+        email_id=uuid.uuid4(), domain="acme.example", sender=display("Zoë  Ü ", "b@acme.example"),
+        to=tuple(display(name, f"r{n}@example.org") for n, name in enumerate(names)),
+        subject="s", text="t",
+    )
+    parsed = email.message_from_bytes(raw, policy=email.policy.compat32)
+    assert [name for name, _ in getaddresses(parsed.get_all("To"))] == names
+    # Outside ASCII the name is one encoded word, whose text keeps its spaces.
+    sender = parsed["From"]
+    assert str(make_header(decode_header(sender.rsplit(" <", 1)[0]))) == "Zoë  Ü "

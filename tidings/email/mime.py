@@ -23,7 +23,7 @@ from email.header import Header
 from email.utils import formataddr, formatdate, getaddresses
 from uuid import UUID
 
-from tidings.addresses import wire_address
+from tidings.addresses import display, wire_address
 from tidings.html_text import html_to_text
 
 CRLF = b"\r\n"
@@ -58,6 +58,10 @@ def _mailbox(name: str, address: str) -> str:
     wire = wire_address(address)
     if not name:
         return wire
+    if name.isascii() and name != " ".join(name.split()):
+        # Spaces at the ends or in a row, which only quotes keep (formataddr
+        # quotes for special characters alone): as the API shows the name.
+        return display(name, wire)
     # formataddr quotes or RFC 2047-encodes the name, and wants an ASCII
     # address: it is given a stand-in for the address, which is put after.
     return formataddr((name, "a@a"), charset="utf-8")[: -len("<a@a>")] + f"<{wire}>"

@@ -42,8 +42,6 @@ EDITABLE = (
     "preview_text", "html", "text", "variable_bindings",
 )
 REQUIRED = ("name", "segment_id", "from_email", "subject", "html")
-# Reads and merges of a PATCH without ``revision`` before it gives up (409).
-MERGE_ATTEMPTS = 5
 
 
 def _one_line(body: RequestBody) -> None:
@@ -257,12 +255,13 @@ async def get_broadcast(call: Call, broadcast_id: UUID) -> BroadcastOut:
     permission="broadcasts:write", body=UpdateBroadcast, response=BroadcastOut,
 )
 async def update_broadcast(call: Call, broadcast_id: UUID, body: UpdateBroadcast) -> BroadcastOut:
-    # Without ``revision`` the fields given are merged into the draft as it
-    # is when written: a draft changed by another request between the read
-    # and the write is read again and merged anew (the other request's
-    # fields are kept), rather than answered 409 for a revision never sent.
-    for _ in range(1 if body.revision is not None else MERGE_ATTEMPTS):
-        current = await _find(call, broadcast_id)
+    # The draft is read and held until the write: PATCHes of one draft take
+    # turns, each merging its fields into what the one before it wrote, so
+    # that without ``revision`` none is lost and none is refused.
+    async with call.conn.transaction():
+        current = await store.get(call.conn, call.team_id, broadcast_id, lock=True)
+        if current is None:
+            raise not_found("broadcast")
         if current.status != "draft":
             raise conflict(f"the broadcast is {current.status}: only a draft can be changed")
         revision = current.revision if body.revision is None else body.revision
@@ -280,15 +279,12 @@ async def update_broadcast(call: Call, broadcast_id: UUID, body: UpdateBroadcast
         except WrongState as error:
             raise _refused(error, "only a draft can be changed") from None
         except StaleRevision as error:
-            if body.revision is None:
-                continue
             raise conflict(
                 f"revision {error.given} is stale: the broadcast is at revision {error.current}"
             ) from None
-        if updated is None:
-            raise not_found("broadcast")
-        return BroadcastOut.of(updated)
-    raise conflict("the broadcast kept changing while this change was merged into it; retry")
+    if updated is None:
+        raise not_found("broadcast")
+    return BroadcastOut.of(updated)
 
 
 @routes.route(

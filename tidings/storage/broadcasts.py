@@ -180,8 +180,12 @@ async def create(conn: Connection, team_id: UUID, content: Content) -> Broadcast
     return Broadcast.from_row(row)
 
 
-async def get(conn: Connection, team_id: UUID, broadcast_id: UUID) -> Broadcast | None:
-    row = await conn.fetchrow(SELECT, team_id, broadcast_id)
+async def get(
+    conn: Connection, team_id: UUID, broadcast_id: UUID, *, lock: bool = False
+) -> Broadcast | None:
+    """``lock``: and hold the row (FOR NO KEY UPDATE) until the transaction ends."""
+    row = await conn.fetchrow(SELECT + (" FOR NO KEY UPDATE" if lock else ""), team_id,
+                              broadcast_id)
     return None if row is None else Broadcast.from_row(row)
 
 
