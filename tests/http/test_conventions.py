@@ -367,3 +367,21 @@ async def test_openapi_describes_every_route(http: httpx.AsyncClient) -> None:
     component = document["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert "email" in component["properties"]
     assert any(p["name"] == "Idempotency-Key" and p["in"] == "header" for p in create["parameters"])
+
+
+async def test_a_204_has_no_body_type_or_length(client: httpx.AsyncClient) -> None:
+    """RFC 9110 §8.6: no Content-Length on a 204, and no body to give a type to;
+    through the front door (contacts), Quart (webhook endpoints) and a replay."""
+    contact = (await client.post("/contacts", json={"email": "gone@example.com"})).json()
+    endpoint = (await client.post("/webhook-endpoints", json={
+        "url": "https://hooks.example.com/t", "events": ["message.sent"]})).json()
+    deletes = [
+        (f"/contacts/{contact['data']['id']}", {"Idempotency-Key": "delete-gone"}),
+        (f"/contacts/{contact['data']['id']}", {"Idempotency-Key": "delete-gone"}),  # replay
+        (f"/webhook-endpoints/{endpoint['data']['id']}", {}),
+    ]
+    for path, headers in deletes:
+        response = await client.delete(path, headers=headers)
+        assert response.status_code == 204 and response.content == b"", response.text
+        assert "content-type" not in response.headers, (path, response.headers)
+        assert "content-length" not in response.headers, (path, response.headers)

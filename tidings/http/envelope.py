@@ -101,9 +101,18 @@ def error_body(code: str, message: str) -> bytes:
     return dumps({"success": False, "error": {"code": code, "message": message}})
 
 
+def no_content(headers: dict[str, str] | None = None) -> Response:
+    """A 204: no body, and so neither a type nor a length (RFC 9110 §8.6
+    forbids a Content-Length on a 204; Quart would add both)."""
+    response = Response(b"", status=204, headers=headers)
+    for name in ("Content-Type", "Content-Length"):
+        response.headers.pop(name, None)
+    return response
+
+
 def json_response(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
     if status == 204:
-        return Response(b"", status=204, headers=headers)
+        return no_content(headers)
     return Response(body, status=status, content_type=JSON, headers=headers)
 
 

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import trio
-from quart import Response
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 from werkzeug.routing import Map
@@ -43,6 +42,7 @@ from tidings.http.envelope import (
     ApiError,
     conflict,
     error_body,
+    no_content,
     payment_required,
     storage_unavailable,
 )
@@ -339,9 +339,7 @@ class FrontDoor:
     @staticmethod
     def _answer(status: int, body: bytes, headers: dict[str, str]) -> Answer:
         if status == 204:
-            # As Quart builds it (its default content type, no body).
-            response = Response(b"", status=204, headers=headers)
-            return 204, b"", _encoded(dict(response.headers.items()))
+            return 204, b"", _encoded(dict(no_content(headers).headers.items()))
         encoded = _encoded(headers) if headers else []
         encoded.append(JSON_TYPE)
         encoded.append((b"content-length", str(len(body)).encode()))

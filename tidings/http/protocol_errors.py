@@ -23,7 +23,8 @@ from hypercorn.protocol.h11 import H11Protocol
 from tidings.http.envelope import error_body
 
 MESSAGES = {
-    400: "the request is not valid HTTP/1.1 (request line or a header line is malformed)",
+    400: "the request is not valid HTTP/1.1: a malformed request line or header line, "
+         "or a body that ended before its announced length",
     408: "the request took too long to arrive",
     413: "the request is too large",
     414: "the request target is too long",
