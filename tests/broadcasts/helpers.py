@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 from uuid import UUID, uuid4
 
+import httpx
 import trio
 
 from tidings.actors.broadcasts import FanoutActor
@@ -23,6 +24,20 @@ async def hold(service: Service, broadcast_id: str) -> UUID:
             "WHERE id = $1", UUID(broadcast_id), owner,
         )
     return owner
+
+
+async def sent_while_held(
+    client: httpx.AsyncClient, service: Service, body: dict[str, Any]
+) -> tuple[str, UUID]:
+    """A broadcast made of ``body`` and sent while a made-up process holds it
+    (``hold``): the test drives its fanout by hand. Its id and that owner."""
+    response = await client.post("/broadcasts", json=body)
+    assert response.status_code == 201, response.text
+    bid = str(response.json()["data"]["id"])
+    owner = await hold(service, bid)
+    sent = await client.post(f"/broadcasts/{bid}/send")
+    assert sent.status_code == 200, sent.text
+    return bid, owner
 
 
 async def batch_args(service: Service, broadcast_id: str, owner: UUID) -> Batch:

@@ -9,7 +9,7 @@ import httpx
 import trio
 
 from tests.broadcasts.conftest import Audience, add_contact, draft
-from tests.broadcasts.helpers import batch_args, emails_of, hold, wait_status
+from tests.broadcasts.helpers import batch_args, emails_of, hold, sent_while_held, wait_status
 from tests.email.helpers import ok
 from tidings.service import Service
 from tidings.storage import broadcasts_fanout as fanout
@@ -91,9 +91,7 @@ async def test_missing_values_fail_only_their_email_and_escape_html(
 async def test_snapshot_and_cancel_during_fanout(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:
-    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
-    owner = await hold(service, bid)
-    ok(await client.post(f"/broadcasts/{bid}/send"))
+    bid, owner = await sent_while_held(client, service, draft(audience))
     snap = await service.db.run(fanout.snapshot, UUID(bid), owner, 1)
     assert snap.eligible == 3
     # A contact that joins the segment after the snapshot is not part of it.
@@ -115,9 +113,7 @@ async def test_contacts_that_opt_out_after_the_snapshot_get_no_email(
 ) -> None:
     await add_contact(client, audience.segment_id, email="gus@example.com", first_name="Gus")
     body = draft(audience, topic_id=audience.topic_id)
-    bid = ok(await client.post("/broadcasts", json=body), 201)["id"]
-    owner = await hold(service, bid)
-    ok(await client.post(f"/broadcasts/{bid}/send"))
+    bid, owner = await sent_while_held(client, service, body)
     assert (await service.db.run(fanout.snapshot, UUID(bid), owner, 10)).eligible == 3
     # After the snapshot, before their emails are made: ada unsubscribes,
     # bob opts out of the topic; gus stays.
@@ -141,9 +137,7 @@ async def queue_then_unsubscribe(conn: AsyncioConnection, batch: Batch, contact:
 async def test_an_email_whose_contact_unsubscribes_before_it_is_sent_is_not_sent(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:
-    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
-    owner = await hold(service, bid)
-    ok(await client.post(f"/broadcasts/{bid}/send"))
+    bid, owner = await sent_while_held(client, service, draft(audience))
     await service.db.run(fanout.snapshot, UUID(bid), owner, 10)
     args = await batch_args(service, bid, owner)
     await service.db.run(queue_then_unsubscribe, args, UUID(audience.contacts["ada"]))
@@ -162,9 +156,7 @@ async def test_an_email_whose_contact_unsubscribes_before_it_is_sent_is_not_sent
 async def test_resume_never_queues_twice(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:
-    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
-    owner = await hold(service, bid)
-    ok(await client.post(f"/broadcasts/{bid}/send"))
+    bid, owner = await sent_while_held(client, service, draft(audience))
     await service.db.run(fanout.snapshot, UUID(bid), owner, 2)
     args = await batch_args(service, bid, owner)
     await service.db.run(queue_batch, args)
@@ -180,9 +172,7 @@ async def test_resume_never_queues_twice(
 async def test_failures_mark_the_broadcast_failed_with_an_event(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:
-    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
-    owner = await hold(service, bid)
-    ok(await client.post(f"/broadcasts/{bid}/send"))
+    bid, owner = await sent_while_held(client, service, draft(audience))
     async with service.db.acquire() as conn:
         await conn.execute("DELETE FROM segments WHERE id = $1", UUID(audience.segment_id))
         await conn.execute("UPDATE broadcasts SET lease_owner = NULL, leased_until = NULL")
@@ -210,9 +200,7 @@ async def test_give_up_marks_failed(service: Service, client: httpx.AsyncClient,
 async def test_batches_side_by_side_take_distinct_chunks_and_cancel_does_not_wait(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:
-    bid = ok(await client.post("/broadcasts", json=draft(audience)), 201)["id"]
-    owner = await hold(service, bid)
-    ok(await client.post(f"/broadcasts/{bid}/send"))
+    bid, owner = await sent_while_held(client, service, draft(audience))
     await service.db.run(fanout.snapshot, UUID(bid), owner, 1)
     batch = await batch_args(service, bid, owner)
     async with service.db.acquire() as first, first.transaction():

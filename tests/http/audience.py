@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import httpx
+import trio
 
 
 def ok(response: httpx.Response, status: int = 200) -> Any:
@@ -34,3 +37,12 @@ async def make(client: httpx.AsyncClient, path: str, **fields: Any) -> dict[str,
     """POST ``fields`` to ``path``, expecting 201."""
     data: dict[str, Any] = ok(await client.post(path, json=fields), 201)
     return data
+
+
+async def tidings(*args: str) -> Any:
+    """Run the ``tidings`` command line (``python -m tidings``) with ``args``."""
+    return await trio.run_process(
+        [sys.executable, "-m", "tidings", *args],
+        capture_stdout=True, capture_stderr=True, check=False,
+        env={**os.environ, "TIDINGS_LOG_LEVEL": "WARNING"},
+    )

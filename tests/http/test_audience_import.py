@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +13,7 @@ import pytest
 import trio
 
 from tests.conftest import Credential, assert_error
-from tests.http.audience import create, define, make, ok
+from tests.http.audience import create, define, make, ok, tidings
 from tidings import cli
 from tidings.config import Config
 from tidings.service import Service
@@ -374,14 +372,6 @@ async def test_the_import_has_its_own_body_limit(client: httpx.AsyncClient) -> N
 
 
 # --- the command line ------------------------------------------------------------------------
-
-
-async def tidings(*args: str) -> Any:
-    return await trio.run_process(
-        [sys.executable, "-m", "tidings", *args],
-        capture_stdout=True, capture_stderr=True, check=False,
-        env={**os.environ, "TIDINGS_LOG_LEVEL": "WARNING"},
-    )
 
 
 async def test_cli_import_posts_the_file_in_batches(

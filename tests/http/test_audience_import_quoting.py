@@ -4,17 +4,13 @@ HTTP (``POST /contacts/import``) and from ``tidings contacts import``."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import trio
 
 from tests.conftest import Credential, assert_error
-from tests.http.audience import define, ok
+from tests.http.audience import define, ok, tidings
 from tidings import importing
 
 CSV = {"Content-Type": "text/csv"}
@@ -110,14 +106,6 @@ async def test_a_cell_too_long_for_its_field_rejects_its_row_alone(
 
 
 # --- the command line ------------------------------------------------------------------------
-
-
-async def tidings(*args: str) -> Any:
-    return await trio.run_process(
-        [sys.executable, "-m", "tidings", *args],
-        capture_stdout=True, capture_stderr=True, check=False,
-        env={**os.environ, "TIDINGS_LOG_LEVEL": "WARNING"},
-    )
 
 
 async def test_cli_refuses_a_file_with_broken_quoting_before_sending_it(
