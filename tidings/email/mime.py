@@ -20,7 +20,7 @@ import binascii
 import re
 import secrets
 from email.header import Header
-from email.utils import formataddr, formatdate, getaddresses
+from email.utils import formatdate, getaddresses
 from uuid import UUID
 
 from tidings.addresses import display, wire_address
@@ -58,13 +58,16 @@ def _mailbox(name: str, address: str) -> str:
     wire = wire_address(address)
     if not name:
         return wire
-    if name.isascii() and name != " ".join(name.split()):
-        # Spaces at the ends or in a row, which only quotes keep (formataddr
-        # quotes for special characters alone): as the API shows the name.
-        return display(name, wire)
-    # formataddr quotes or RFC 2047-encodes the name, and wants an ASCII
-    # address: it is given a stand-in for the address, which is put after.
-    return formataddr((name, "a@a"), charset="utf-8")[: -len("<a@a>")] + f"<{wire}>"
+    if not name.isascii() or "=?" in name or any(
+        len(word) > LONGEST_WORD for word in name.split()
+    ):
+        # Outside ASCII, a word too long to fold, or text a mail client would
+        # take for an encoded word: RFC 2047 encoded words of at most 75
+        # octets (folded between them), whose text keeps every space.
+        return Header(name, "utf-8").encode(maxlinelen=76).replace("\n", "\r\n") + f" <{wire}>"
+    # Quoted when it holds a special character, or spaces that only quotes
+    # keep (at either end, several in a row): as the API shows the name.
+    return display(name, wire)
 
 
 def _addresses(values: tuple[str, ...] | list[str]) -> str:

@@ -139,6 +139,7 @@ def create_app(service: Service) -> QuartTrio:
             response.status_code = 204
             response.headers.pop("Content-Type", None)
             response.set_data(b"")
+            response.headers.pop("Content-Length", None)  # none on a 204: RFC 9110 §8.6
         route = _route_template(request.url_rule.rule if request.url_rule is not None else None)
         started = getattr(g, "started", None)
         elapsed = 0.0 if started is None else time.perf_counter() - started
