@@ -9,6 +9,7 @@ interleaving; the others run the requests together, several times.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -334,3 +335,33 @@ async def test_an_import_that_postgresql_ends_in_a_deadlock_runs_again(
                 await wait_for_lock_waiters(watcher, 1)
                 await holder.execute("SELECT 1 FROM contacts WHERE id = $1 FOR UPDATE", ids[0])
     assert reports[0]["updated"] == 2 and reports[0]["rejected_count"] == 0, reports
+
+
+async def test_a_request_that_postgresql_ends_in_a_deadlock_is_503_not_500(
+    client: httpx.AsyncClient, database_url: str, acme: Credential
+) -> None:
+    """The test's session holds the contact; the PATCH takes the property's
+    definition and waits for it; the session then asks for the definition.
+    PostgreSQL ends the PATCH: nothing of it was written, a retry may pass."""
+    plan = await define(client, key="plan", type="string")
+    contact = await create(client, email="dl.patch@example.com")
+    async with sessions(database_url) as (holder, watcher):
+        await holder.execute("SET deadlock_timeout = '5s'")  # the PATCH's is 1 s
+        answers: list[httpx.Response] = []
+
+        async def patch() -> None:
+            answers.append(await client.patch(f"/contacts/{contact['id']}",
+                                              json={"properties": {"plan": "pro"}}))
+
+        async with trio.open_nursery() as nursery, holder.transaction():
+            await holder.execute("SELECT 1 FROM contacts WHERE id = $1 FOR UPDATE",
+                                 uuid.UUID(contact["id"]))
+            nursery.start_soon(patch)
+            await wait_for_lock_waiters(watcher, 1)
+            await holder.execute("SELECT 1 FROM contact_properties WHERE id = $1 FOR UPDATE",
+                                 uuid.UUID(plan["id"]))
+    assert_error(answers[0], 503, "SERVICE_UNAVAILABLE")
+    assert answers[0].headers["Retry-After"] == "1"
+    assert ok(await client.get(f"/contacts/{contact['id']}"))["properties"] == {}
+    retried = await client.patch(f"/contacts/{contact['id']}", json={"properties": {"plan": "pro"}})
+    assert ok(retried)["properties"] == {"plan": "pro"}

@@ -44,6 +44,7 @@ from tidings.http.envelope import (
     error_body,
     error_response,
     json_response,
+    storage_contended,
     storage_unavailable,
 )
 from tidings.http.frontdoor import FrontDoor, http_error_answer
@@ -52,7 +53,7 @@ from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes
 from tidings.http.shedding import Shedder
 from tidings.logging_setup import choose_request_id, log_access, request_id
-from tidings.storage.errors import Duplicate, unavailable
+from tidings.storage.errors import Duplicate, contended, unavailable
 from tidings.storage.quotas import QuotaExceeded
 
 if TYPE_CHECKING:
@@ -168,6 +169,9 @@ def create_app(service: Service) -> QuartTrio:
         if unavailable(error):
             log.warning("storage unavailable in %s %s: %s", request.method, request.path, error)
             return error_response(storage_unavailable())
+        if contended(error):
+            log.warning("rolled back in %s %s: %s", request.method, request.path, error)
+            return error_response(storage_contended())
         log.error("unhandled error in %s %s", request.method, request.path, exc_info=error)
         return json_response(
             500, error_body("INTERNAL_ERROR", "internal error; the details are in the server log")

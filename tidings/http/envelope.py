@@ -52,6 +52,14 @@ def storage_unavailable() -> ApiError:
                     {"Retry-After": "1"})
 
 
+def storage_contended() -> ApiError:
+    """503 for a request whose transaction PostgreSQL ended to let a
+    concurrent one go on (a deadlock): nothing of it was written."""
+    return ApiError(503, "SERVICE_UNAVAILABLE",
+                    "the request met a concurrent one in storage and was rolled back; retry it",
+                    {"Retry-After": "1"})
+
+
 def payment_required(exceeded: QuotaExceeded) -> ApiError:
     """402 for a team quota that a send would pass; ``Retry-After`` says when the
     quota resets, unless the send is larger than the quota itself."""

@@ -44,6 +44,7 @@ from tidings.http.envelope import (
     error_body,
     no_content,
     payment_required,
+    storage_contended,
     storage_unavailable,
 )
 from tidings.http.pipeline import (
@@ -56,7 +57,7 @@ from tidings.http.pipeline import (
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import MUTATING, Route
 from tidings.logging_setup import choose_request_id, log_access, request_id
-from tidings.storage.errors import Duplicate, unavailable
+from tidings.storage.errors import Duplicate, contended, unavailable
 from tidings.storage.quotas import QuotaExceeded
 
 if TYPE_CHECKING:
@@ -350,6 +351,9 @@ class FrontDoor:
         if unavailable(error):
             log.warning("storage unavailable in %s %s: %s", method, path, error)
             error = storage_unavailable()
+        elif contended(error):
+            log.warning("rolled back in %s %s: %s", method, path, error)
+            error = storage_contended()
         if isinstance(error, ApiError):
             return self._answer(
                 error.status, error_body(error.code, error.message), error.headers

@@ -46,3 +46,15 @@ def unavailable(error: BaseException) -> bool:
         return True
     # asyncpg's own: a pooled connection whose server went away.
     return isinstance(error, asyncpg.InterfaceError) and "connection is closed" in str(error)
+
+
+# What PostgreSQL answers when it ends one of two transactions that wait for
+# each other (a deadlock) or that it cannot order (a serialization failure):
+# nothing was written, and the request may succeed if retried, so HTTP
+# answers 503 with Retry-After, not 500.
+CONTENDED = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+
+
+def contended(error: BaseException) -> bool:
+    """Whether ``error`` is a transaction PostgreSQL ended for another's sake."""
+    return isinstance(error, CONTENDED)
