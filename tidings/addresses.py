@@ -161,6 +161,18 @@ def normalize_address(text: str, field: str = "email") -> str:
     return normalized
 
 
+def lookup_address(value: str) -> str:
+    """An address given to find what was stored with it (a contact, an email's
+    recipient), normalised as stored ones are (``normalize_address``: Unicode
+    NFC, an internationalised domain in its Unicode form), so that every
+    spelling of it matches; PostgreSQL's ``lower()`` then ignores case. A value
+    that is not an address is kept as given (stripped): it matches nothing."""
+    try:
+        return normalize_address(value)
+    except FieldError:
+        return value.strip()
+
+
 def _check_limits(local: str, address: str, field: str) -> None:
     local_octets = _octets(local)
     if local_octets > MAX_LOCAL_OCTETS:

@@ -44,8 +44,7 @@ from tidings.http.envelope import (
     error_body,
     error_response,
     json_response,
-    storage_contended,
-    storage_unavailable,
+    storage_failure,
 )
 from tidings.http.frontdoor import FrontDoor, http_error_answer
 from tidings.http.pipeline import make_view
@@ -53,7 +52,7 @@ from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import Route, Routes
 from tidings.http.shedding import Shedder
 from tidings.logging_setup import choose_request_id, log_access, request_id
-from tidings.storage.errors import Duplicate, contended, unavailable
+from tidings.storage.errors import Duplicate
 from tidings.storage.quotas import QuotaExceeded
 
 if TYPE_CHECKING:
@@ -166,12 +165,9 @@ def create_app(service: Service) -> QuartTrio:
 
     @app.errorhandler(Exception)
     async def unexpected(error: Exception) -> Response:
-        if unavailable(error):
-            log.warning("storage unavailable in %s %s: %s", request.method, request.path, error)
-            return error_response(storage_unavailable())
-        if contended(error):
-            log.warning("rolled back in %s %s: %s", request.method, request.path, error)
-            return error_response(storage_contended())
+        if (failure := storage_failure(error)) is not None:
+            log.warning("%s %s: %s (%s)", request.method, request.path, failure.message, error)
+            return error_response(failure)
         log.error("unhandled error in %s %s", request.method, request.path, exc_info=error)
         return json_response(
             500, error_body("INTERNAL_ERROR", "internal error; the details are in the server log")

@@ -13,7 +13,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tidings.addresses import MAX_ADDRESS_LENGTH, normalize_address
+from tidings.addresses import MAX_ADDRESS_LENGTH, lookup_address
 from tidings.fields import FieldError, has_nul
 from tidings.http.contact_fields import ConsentStatus, Email, check_properties
 from tidings.http.envelope import ApiError, bad_request, not_found, unprocessable
@@ -127,18 +127,6 @@ class ContactList(BaseModel):
     has_more: bool
 
 
-def email_to_find(raw: str) -> str:
-    """An email naming a contact, normalised as a stored one is (Unicode NFC,
-    an internationalised domain in its Unicode form, the domain lowercased),
-    so every spelling that creating it would refuse as taken finds it;
-    PostgreSQL's ``lower()`` then ignores case. A value that is not a valid
-    address is kept as given: it finds no contact."""
-    try:
-        return normalize_address(raw)
-    except FieldError:
-        return raw.strip()
-
-
 class ContactQuery(ListQuery):
     email: str | None = Field(None, min_length=1, description="Exact, case-insensitive")
     segment_id: UUID | None = Field(None, description="Members of this segment only")
@@ -150,19 +138,19 @@ class ContactQuery(ListQuery):
 
     @field_validator("email", mode="after")
     @classmethod
-    def _email_to_find(cls, value: str | None) -> str | None:
-        return None if value is None else email_to_find(value)
+    def _lookup_address(cls, value: str | None) -> str | None:
+        return None if value is None else lookup_address(value)
 
 
 def contact_ref(raw: str) -> store.ContactRef:
-    """A contact id, or an email address (normalised by ``email_to_find``,
+    """A contact id, or an email address (normalised by ``lookup_address``,
     matched case-insensitively)."""
     try:
         return UUID(raw)
     except ValueError:
         pass
     if "@" in raw and not has_nul(raw) and len(raw) <= MAX_ADDRESS_LENGTH:
-        return email_to_find(raw)
+        return lookup_address(raw)
     raise bad_request(f"contact_id: {raw!r} is neither a contact id (UUID) nor an email address")
 
 

@@ -11,7 +11,7 @@ from uuid import UUID
 from pydantic import BaseModel, ValidationError
 from quart import Response
 
-from tidings.storage.errors import Duplicate
+from tidings.storage.errors import Duplicate, contended, unavailable
 from tidings.storage.quotas import QuotaExceeded
 
 JSON = "application/json"
@@ -58,6 +58,16 @@ def storage_contended() -> ApiError:
     return ApiError(503, "SERVICE_UNAVAILABLE",
                     "the request met a concurrent one in storage and was rolled back; retry it",
                     {"Retry-After": "1"})
+
+
+def storage_failure(error: BaseException) -> ApiError | None:
+    """The 503 for a storage error that a retry may cure (storage unreachable,
+    or a transaction PostgreSQL ended for another's sake); None for others."""
+    if unavailable(error):
+        return storage_unavailable()
+    if contended(error):
+        return storage_contended()
+    return None
 
 
 def payment_required(exceeded: QuotaExceeded) -> ApiError:

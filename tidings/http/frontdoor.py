@@ -44,8 +44,7 @@ from tidings.http.envelope import (
     error_body,
     no_content,
     payment_required,
-    storage_contended,
-    storage_unavailable,
+    storage_failure,
 )
 from tidings.http.pipeline import (
     IDEMPOTENCY_HEADER,
@@ -57,7 +56,7 @@ from tidings.http.pipeline import (
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import MUTATING, Route
 from tidings.logging_setup import choose_request_id, log_access, request_id
-from tidings.storage.errors import Duplicate, contended, unavailable
+from tidings.storage.errors import Duplicate
 from tidings.storage.quotas import QuotaExceeded
 
 if TYPE_CHECKING:
@@ -348,12 +347,9 @@ class FrontDoor:
 
     def _error(self, error: Exception, method: str, path: str, limit: int | None) -> Answer:
         """The answer of the app's error handlers to ``error``."""
-        if unavailable(error):
-            log.warning("storage unavailable in %s %s: %s", method, path, error)
-            error = storage_unavailable()
-        elif contended(error):
-            log.warning("rolled back in %s %s: %s", method, path, error)
-            error = storage_contended()
+        if (failure := storage_failure(error)) is not None:
+            log.warning("%s %s: %s (%s)", method, path, failure.message, error)
+            error = failure
         if isinstance(error, ApiError):
             return self._answer(
                 error.status, error_body(error.code, error.message), error.headers

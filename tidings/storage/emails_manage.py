@@ -10,8 +10,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from tidings.addresses import normalize_address
-from tidings.fields import FieldError
+from tidings.addresses import lookup_address
 from tidings.storage.connection import Connection
 from tidings.storage.emails import (
     EMAIL_COLUMNS,
@@ -125,17 +124,6 @@ class EmailFilter:
     end: datetime | None = None
 
 
-def to_address(value: str) -> str:
-    """The ``to`` filter as the stored addresses are (``to_lookup``): normalised
-    as at acceptance, so an internationalised domain matches in its xn-- and
-    its Unicode spelling (PostgreSQL's ``lower()`` then ignores case). A value
-    that is not an address is kept as given: it matches no email."""
-    try:
-        return normalize_address(value)
-    except FieldError:
-        return value.strip()
-
-
 async def get_email(conn: Connection, team_id: UUID, email_id: UUID) -> Email | None:
     row = await conn.fetchrow(SELECT_EMAIL, team_id, email_id)
     return None if row is None else Email.from_row(row)
@@ -144,8 +132,9 @@ async def get_email(conn: Connection, team_id: UUID, email_id: UUID) -> Email | 
 async def list_emails(
     conn: Connection, team_id: UUID, where: EmailFilter, limit: int, offset: int
 ) -> list[Email]:
-    """Newest first; ``where.to`` is a bare address, matched as ``to_address``."""
-    to = None if where.to is None else to_address(where.to)
+    """Newest first; ``where.to`` is a bare address, matched as stored
+    (``to_lookup``) by ``lookup_address``."""
+    to = None if where.to is None else lookup_address(where.to)
     rows = await conn.fetch(
         SELECT_EMAILS, team_id, where.status, to, where.start, where.end, limit, offset
     )
