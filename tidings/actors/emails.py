@@ -27,10 +27,9 @@ from uuid import UUID, uuid4
 
 import trio
 
-from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker, Wake
-from tidings.actors.mailbox import Mailbox
+from tidings.actors.drain import Drain
+from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
 from tidings.actors.runtime import Runtime
-from tidings.actors.supervisor import Actor
 from tidings.config import Config
 from tidings.providers.email import (
     Deferral,
@@ -280,32 +279,6 @@ class SendJob:
             self._lost.discard(item.id)
 
 
-class FollowupActor(Actor[Wake]):
-    """Records followups as they fall due; sleeps until the next one or a wake."""
-
-    idle_timeout = None
-
-    def __init__(self, emails: Emails) -> None:
-        self._emails = emails
-
-    async def run(self, mailbox: Mailbox[Wake]) -> None:
-        db = self._emails.db
-        idle_deadline = trio.current_time() + IDLE_SECONDS
-        while not mailbox.stopping:
-            recorded, next_in = await db.run(store.record_due_followups, FOLLOWUP_BATCH)
-            if recorded == FOLLOWUP_BATCH:
-                continue
-            now = trio.current_time()
-            if recorded or next_in is not None:
-                idle_deadline = now + IDLE_SECONDS
-            wait = max(next_in, 0.005) if next_in is not None else idle_deadline - now
-            if wait <= 0:
-                return  # idle: nothing scheduled for a while
-            mailbox.idle_timeout = wait
-            await mailbox.next()
-            mailbox.idle_timeout = None
-
-
 def start_emails(
     runtime: Runtime, db: Database, config: Config, provider: EmailProvider
 ) -> Emails:
@@ -335,7 +308,8 @@ def start_emails(
             channel=f"{DUE_CHANNEL}_followups",
             due=store.followups_due,
             parse=str,
-            actor=lambda _key: FollowupActor(emails),
+            actor=lambda _key: Drain(db, store.record_due_followups, batch=FOLLOWUP_BATCH,
+                                     idle_seconds=IDLE_SECONDS),
             poll_seconds=config.email_poll_seconds,
         )
     )
