@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
 import trio
 
 from tests.test_e2e import free_port, service_env, wait_healthy
-from tidings.workers import RESTARTS
+from tidings.workers import RESTARTS, port_lock
 
 
 def workers_command(port: int) -> list[str]:
@@ -54,6 +56,27 @@ async def worker_pids(url: str, count: int = 2) -> set[int]:
     return pids
 
 
+def lock_path(host: str, port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"tidings-workers-{host}-{port}.lock"
+
+
+def test_the_port_lock_is_exclusive_and_removed_by_its_holder() -> None:
+    port = free_port()
+    path = lock_path("127.0.0.1", port)
+    with port_lock("127.0.0.1", port):
+        assert path.exists()
+        try:
+            with port_lock("127.0.0.1", port):
+                raise AssertionError("a second holder got the lock")
+        except OSError as error:
+            assert error.errno == errno.EADDRINUSE
+        assert path.exists()  # refused, the second one removed nothing
+    assert not path.exists()
+    with port_lock("127.0.0.1", port):  # and it can be taken again
+        assert path.exists()
+    assert not path.exists()
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -74,11 +97,14 @@ async def test_two_workers_share_the_port_and_stop_on_sigterm(tmp_path: Path) ->
         pids = await worker_pids(url)
         assert process.pid not in pids
         assert all(alive(pid) for pid in pids)
+        lock = lock_path("127.0.0.1", port)
+        assert lock.exists()
 
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(15):
             assert await process.wait() == 0
         assert not any(alive(pid) for pid in pids)
+        assert not lock.exists()  # a set leaves no file behind
     finally:
         if process.returncode is None:
             process.kill()

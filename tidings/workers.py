@@ -80,14 +80,29 @@ def refuse_taken_port(host: str, port: int) -> None:
 def port_lock(host: str, port: int) -> Iterator[None]:
     """Held while a set of workers runs on ``host:port``: a second set started
     at the same moment, before either has bound, finds it taken (OSError
-    EADDRINUSE) instead of sharing the port."""
+    EADDRINUSE) instead of sharing the port. The lock file is removed when
+    the set stops."""
     path = Path(tempfile.gettempdir()) / f"tidings-workers-{host}-{port}.lock"
-    with path.open("a") as lock:
+    while True:
+        lock = path.open("a")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            lock.close()
             raise OSError(errno.EADDRINUSE, "Address already in use") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        # The set that held it stopped and removed the file after this one
+        # opened it: a lock on the removed file guards nothing, take the new one.
+        lock.close()
+    try:
         yield
+    finally:
+        path.unlink(missing_ok=True)
+        lock.close()
 
 
 def _stop(workers: list[subprocess.Popen[bytes]], seconds: float) -> bool:
