@@ -62,6 +62,10 @@ def test_a_changed_or_added_header_breaks_it() -> None:
     # Subject is oversigned: a second one added later does not pass.
     added = b"Subject: Pay now\r\n" + message
     assert not dkim.verify(header + added, dnsfunc=dns)
+    # Nor does a Cc or Reply-To the message did not have: their absence is signed.
+    for extra in (b"Reply-To: attacker@evil.example\r\n", b"Cc: victim@example.org\r\n",
+                  b"To: other@example.org\r\n"):
+        assert not dkim.verify(header + extra + message, dnsfunc=dns), extra
     # Relaxed: folding and spacing changes on the way do not matter.
     refolded = message.replace(b"Subject: Your receipt", b"Subject:  Your\r\n\treceipt ")
     assert dkim.verify(header + refolded, dnsfunc=dns)

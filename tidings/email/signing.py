@@ -23,7 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa, utils
 from dkim.canonicalization import CanonicalizationPolicy
 
 # Signed when present; From always. Listing a header once more than it
-# occurs ("oversigning") keeps anyone from adding one after signing.
+# occurs ("oversigning") keeps anyone from adding one after signing; an
+# oversigned header that is absent is listed once, which signs its absence
+# (RFC 6376 §5.4.2): a Cc or Reply-To added later breaks the signature.
 SIGNED_HEADERS: tuple[bytes, ...] = (
     b"from", b"to", b"cc", b"reply-to", b"subject", b"date", b"message-id",
     b"mime-version", b"content-type", b"content-transfer-encoding",
@@ -60,7 +62,7 @@ def dkim_signature(message: bytes, domain: str, selector: str, private_key_pem: 
     headers, body = dkim.rfc822_parse(message)
     present = [name.lower() for name, _ in headers]
     include = [name for name in SIGNED_HEADERS if name in present]
-    include += [name for name in include if name in OVERSIGNED]
+    include += [name for name in SIGNED_HEADERS if name in OVERSIGNED]
     body_hash = base64.b64encode(
         hashlib.sha256(CANONICALIZATION.canonicalize_body(body)).digest()
     )
