@@ -142,6 +142,40 @@ async def test_stop_without_a_contact_is_a_phone_suppression(
                  422, "UNPROCESSABLE_ENTITY")
 
 
+async def test_a_stop_outlasts_any_suppression_of_the_number_until_start(
+    sms_client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """A number suppressed by hand that replies STOP stays opted out when the
+    team lifts its suppression; a STOP's own suppression cannot be lifted by
+    the team at all. Only START ends the opt-out (a manual suppression then
+    stays until lifted)."""
+    ok(await sms_client.post("/sender-ids", json={"value": "+14155550100",
+                                                  "type": "long_code"}), 201)
+    manual = ok(await sms_client.post("/suppressions", json={"address": NUMBER}), 201)
+    await inbound(http, From=NUMBER, To="+14155550100", Body="STOP", MessageSid="SM6")
+    lifted = await sms_client.delete(f"/suppressions/{manual['id']}")
+    assert "replied STOP" in assert_error(lifted, 409, "CONFLICT")
+    refused = await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"})
+    assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+
+    await inbound(http, From=NUMBER, To="+14155550100", Body="START", MessageSid="SM7")
+    assert [s["reason"] for s in ok(await sms_client.get("/suppressions"))["data"]] == ["manual"]
+    assert (await sms_client.delete(f"/suppressions/{manual['id']}")).status_code == 204
+    await send(sms_client)
+
+    other = "+14155550177"
+    await inbound(http, From=other, To="+14155550100", Body="STOP", MessageSid="SM8")
+    [stop] = ok(await sms_client.get("/suppressions"))["data"]
+    assert (stop["address"], stop["reason"]) == (other, "sms_opt_out")
+    assert_error(await sms_client.delete(f"/suppressions/{stop['id']}"), 409, "CONFLICT")
+    assert_error(await sms_client.post("/sms", json={"to": other, "from": "Acme", "body": "x"}),
+                 422, "UNPROCESSABLE_ENTITY")
+    # One made by the team with that reason is the team's to lift.
+    made = ok(await sms_client.post("/suppressions", json={
+        "address": "+14155550178", "reason": "sms_opt_out"}), 201)
+    assert (await sms_client.delete(f"/suppressions/{made['id']}")).status_code == 204
+
+
 async def test_help_answers_with_the_help_text_naming_the_team(
     sms_client: httpx.AsyncClient, http: httpx.AsyncClient
 ) -> None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from tidings.addresses import normalize_address
 from tidings.fields import FieldError
-from tidings.http.envelope import bad_request, not_found
+from tidings.http.envelope import bad_request, conflict, not_found, rfc3339
 from tidings.http.models import ListQuery, RequestBody, Resource
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
@@ -116,6 +116,13 @@ async def get_suppression(call: Call, suppression_id: UUID) -> SuppressionOut:
     permission="contacts:write", status=204,
 )
 async def delete_suppression(call: Call, suppression_id: UUID) -> Answer:
-    if not await store.delete_suppression(call.conn, call.team_id, suppression_id):
+    try:
+        lifted = await store.delete_suppression(call.conn, call.team_id, suppression_id)
+    except store.OptedOut as stop:
+        raise conflict(
+            f"the number replied STOP ({rfc3339(stop.at)}): "
+            "it stays suppressed until it replies START"
+        ) from None
+    if not lifted:
         raise not_found("suppression")
     return Answer(204)

@@ -3,10 +3,14 @@
 Opting out (a STOP reply) suppresses the number for the team, as a phone
 suppression with reason ``sms_opt_out`` (so that it holds even when no
 contact has the number yet), and marks every contact of the team with that
-number ``opted_out`` with source ``keyword``. Opting back in (START) lifts
-that suppression (and only that one: a manual suppression stays) and marks
-the contacts ``opted_in``. Sending to an opted-out number is refused
-(``tidings.storage.sms``). Each runs as one statement.
+number ``opted_out`` with source ``keyword``. A number suppressed already
+(by hand, say) keeps its suppression, which records the STOP
+(``sms_opted_out_at``): lifting it is refused while the STOP stands, so
+the number is never texted again without a START. Opting back in (START)
+lifts the ``sms_opt_out`` suppression, clears the STOP of any other (a
+manual suppression stays), and marks the contacts ``opted_in``. Sending to
+an opted-out number is refused (``tidings.storage.sms``). Each runs as one
+statement.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ SOURCE = "keyword"
 
 OPT_OUT = """
 WITH suppressed AS (
-    INSERT INTO suppressions (team_id, address, kind, reason, source_message_id)
-    SELECT team_id, $2, 'phone', 'sms_opt_out', $3 FROM unnest($1::uuid[]) AS t(team_id)
-    ON CONFLICT (team_id, address) DO NOTHING
+    INSERT INTO suppressions AS s
+        (team_id, address, kind, reason, source_message_id, sms_opted_out_at)
+    SELECT team_id, $2, 'phone', 'sms_opt_out', $3, now() FROM unnest($1::uuid[]) AS t(team_id)
+    ON CONFLICT (team_id, address) DO UPDATE SET sms_opted_out_at = now()
+        WHERE s.sms_opted_out_at IS NULL
     RETURNING id
 ), changed AS (
     UPDATE contacts SET sms_consent_status = 'opted_out', sms_consent_source = $4,
@@ -40,6 +46,10 @@ WITH lifted AS (
     DELETE FROM suppressions
     WHERE team_id = ANY($1::uuid[]) AND address = $2 AND reason = 'sms_opt_out'
     RETURNING id
+), cleared AS (
+    UPDATE suppressions SET sms_opted_out_at = NULL
+    WHERE team_id = ANY($1::uuid[]) AND address = $2 AND reason <> 'sms_opt_out'
+      AND sms_opted_out_at IS NOT NULL
 ), changed AS (
     UPDATE contacts SET sms_consent_status = 'opted_in', sms_consent_source = $3,
                         sms_consent_updated_at = now(), updated_at = now()

@@ -42,7 +42,16 @@ ORDER BY created_at DESC, id DESC
 LIMIT $4 OFFSET $5
 """
 
-DELETE_SUPPRESSION = "DELETE FROM suppressions WHERE team_id = $1 AND id = $2 RETURNING id"
+# A suppression that records a STOP (``sms_opted_out_at``) stays.
+DELETE_SUPPRESSION = """
+WITH target AS (
+    SELECT id, sms_opted_out_at FROM suppressions WHERE team_id = $1 AND id = $2 FOR UPDATE
+), deleted AS (
+    DELETE FROM suppressions s USING target
+    WHERE s.id = target.id AND target.sms_opted_out_at IS NULL
+)
+SELECT EXISTS (SELECT 1 FROM target) AS found, (SELECT sms_opted_out_at FROM target) AS stop_at
+"""
 
 # Many addresses of many teams at once; an address suppressed already stays as it was.
 SUPPRESS_MANY = """
@@ -108,8 +117,21 @@ async def list_suppressions(
     return [Suppression(**dict(row)) for row in rows]
 
 
+class OptedOut(Exception):
+    """The suppression records a STOP from the number: only its START lifts it."""
+
+    def __init__(self, at: datetime) -> None:
+        super().__init__(at)
+        self.at = at
+
+
 async def delete_suppression(conn: Connection, team_id: UUID, suppression_id: UUID) -> bool:
-    return await conn.fetchval(DELETE_SUPPRESSION, team_id, suppression_id) is not None
+    """Lift the suppression; False if the team has none by that id. Raises
+    ``OptedOut`` for a number whose STOP it records."""
+    row = returned(await conn.fetchrow(DELETE_SUPPRESSION, team_id, suppression_id))
+    if row["stop_at"] is not None:
+        raise OptedOut(row["stop_at"])
+    return bool(row["found"])
 
 
 async def suppressed(conn: Connection, team_id: UUID, addresses: Iterable[str]) -> set[str]:
