@@ -86,6 +86,37 @@ async def test_dsn_bounces_and_suppresses(
     assert await suppressions(client) == {"gone@example.org": "bounce"}
 
 
+async def test_a_dsn_without_the_original_is_matched_by_the_return_path_it_came_to(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    email_id, _ = await delivered_email(client, service, "gone@example.org")
+    raw = (REPORTS / "postfix_bounce.eml").read_bytes()
+    head, _, rest = raw.partition(b"Content-Type: text/rfc822-headers")
+    raw = head[: head.rindex(b"--")] + rest[rest.index(b"--"):]  # no original attached
+    raw = raw.replace(b"To: b-0f6c@bounces.acme.example",
+                      f"To: {email_id}@bounces.acme.example".encode())
+    answer = ok(await post_report(http, raw))
+    assert answer["reports"][0]["original_message_id"] == f"<{email_id}@acme.example>"
+    assert answer["recorded"] == 1  # gone@ was a recipient; slow@ was not
+    assert ok(await client.get(f"/emails/{email_id}"))["status"] == "bounced"
+    assert await suppressions(client) == {"gone@example.org": "bounce"}
+
+
+async def test_a_not_spam_report_is_no_complaint(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    email_id, message_id = await delivered_email(client, service, "ada@example.org")
+    raw = report("abuse_report.eml", message_id)
+    answer = ok(await post_report(http, raw.replace(b"Feedback-Type: abuse",
+                                                    b"Feedback-Type: not-spam")))
+    assert answer["recorded"] == 0 and answer["reports"] == []
+    assert ok(await client.get(f"/emails/{email_id}"))["status"] == "delivered"
+    assert await suppressions(client) == {}
+    # A complaint after it is still one.
+    assert ok(await post_report(http, raw))["recorded"] == 1
+    assert await suppressions(client) == {"ada@example.org": "complaint"}
+
+
 async def test_arf_complaint_suppresses(
     client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
 ) -> None:

@@ -54,6 +54,51 @@ def test_arf_without_original_rcpt_to_uses_the_original_to() -> None:
     assert [r.recipient for r in parse_report(raw)] == ["Ada@Example.ORG"]
 
 
+def without_original(raw: bytes) -> bytes:
+    """The report with its third part (the original's headers) left out."""
+    head, _, rest = raw.partition(b"Content-Type: text/rfc822-headers")
+    return head[: head.rindex(b"--")] + rest[rest.index(b"--"):]
+
+
+def test_a_report_without_the_original_is_matched_by_its_return_path() -> None:
+    """RFC 3464 and RFC 5965 make the original optional; the return path the
+    report came back to names the email as well."""
+    email_id = "0f6c6f2e-3a1d-4a57-9a43-2b1c3d4e5f60"
+    raw = without_original(sample("postfix_bounce.eml")).replace(
+        b"To: b-0f6c@bounces.acme.example",
+        f"To: {email_id.upper()}@Bounces.Acme.Example".encode(),
+    )
+    assert b"text/rfc822-headers" not in raw
+    expected = f"<{email_id}@acme.example>"
+    assert [r.original_message_id for r in parse_report(raw)] == [expected] * 2
+    # Delivered-To (Postfix's pipe) is read before To.
+    delivered = raw.replace(b"Auto-Submitted:", (
+        f"Delivered-To: {email_id}@bounces.other.example\nAuto-Submitted:").encode())
+    assert parse_report(delivered)[0].original_message_id == f"<{email_id}@other.example>"
+    # An address that is not a return path names nothing.
+    unknown = parse_report(without_original(sample("postfix_bounce.eml")))
+    assert unknown[0].original_message_id is None
+
+
+@pytest.mark.parametrize("feedback", ["not-spam", "auth-failure", "Not-Spam"])
+def test_a_feedback_report_that_is_no_complaint_reports_nothing(feedback: str) -> None:
+    raw = sample("abuse_report.eml").replace(
+        b"Feedback-Type: abuse", f"Feedback-Type: {feedback}".encode())
+    assert b"Feedback-Type: abuse" not in raw
+    assert parse_report(raw) == []
+    fraud = sample("abuse_report.eml").replace(b"Feedback-Type: abuse", b"Feedback-Type: fraud")
+    assert [r.outcome for r in parse_report(fraud)] == ["complained"]
+
+
+def test_parts_nested_too_deeply_are_not_a_report() -> None:
+    depth = 1000
+    opening = "".join(
+        f"Content-Type: multipart/mixed; boundary=\"b{i}\"\n\n--b{i}\n" for i in range(depth))
+    raw = ("From: a@example.org\nMIME-Version: 1.0\n" + opening + "\nx\n").encode()
+    with pytest.raises(NotAReport, match="nested"):
+        parse_report(raw)
+
+
 def test_not_reports() -> None:
     plain = b"From: a@example.org\nTo: b@example.org\nSubject: hi\n\nhello\n"
     other = sample("abuse_report.eml").replace(b"feedback-report;", b"disposition-notification;")

@@ -111,3 +111,14 @@ def test_display_names_reach_the_message_as_the_api_shows_them() -> None:
     assert [shown(name) for name, _ in getaddresses(parsed.get_all("To"))] == names
     assert shown(getaddresses([parsed["From"]])[0][0]) == names[-1]
     assert dkim.verify(sign(raw, "acme.example", "tidings1", KEY), dnsfunc=dns)
+
+
+def test_control_characters_never_reach_a_header() -> None:
+    """The API refuses them; text a template rendered into a subject loses them."""
+    message = build_message(
+        email_id=uuid.uuid4(), domain="acme.example", sender="news@acme.example",
+        to=("ada@example.org",), subject="a\x1b[2Jb\x7fc\x08d\x00e", text="x",
+        headers=(("X-Ctl", "1\x0b2\x1b3"),),
+    )
+    assert b"Subject: a[2Jbcde\r\n" in message
+    assert b"X-Ctl: 1 23\r\n" in message

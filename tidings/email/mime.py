@@ -45,10 +45,15 @@ def message_id(email_id: UUID, domain: str) -> str:
 LONGEST_WORD = 900
 
 
+# Control characters a header's text cannot carry (RFC 5322 §2.2); the API
+# refuses them, and text a template rendered loses them.
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x9f]")
+
+
 def _header_text(value: str) -> str:
     """A header's text, one logical line: ASCII as it is, other text (or a
     word too long to fold) as RFC 2047 encoded words of at most 76 octets."""
-    value = " ".join(value.split())
+    value = " ".join(_CONTROL.sub("", value).split())
     if value.isascii() and all(len(word) <= LONGEST_WORD for word in value.split(" ")):
         return value
     return Header(value, "utf-8").encode(maxlinelen=76).replace("\n", "\r\n")

@@ -19,6 +19,9 @@ from email.message import Message
 from email.parser import HeaderParser
 from email.utils import getaddresses
 from typing import Literal
+from uuid import UUID
+
+from tidings.email.records import RETURN_PATH_LABEL
 
 Outcome = Literal["bounced", "delivery_delayed", "delivered", "complained"]
 
@@ -30,6 +33,13 @@ ACTIONS: dict[str, Outcome] = {
     "relayed": "delivered",
     "expanded": "delivered",
 }
+
+
+# Feedback reports that are no complaint: a receiver saying a message is
+# not spam (RFC 6430), an authentication failure report (RFC 6591). Every
+# other type (abuse, fraud, virus, other, and types to come, which RFC 5965
+# §7.3 reads as ``other``) is one.
+NOT_COMPLAINTS = frozenset({"not-spam", "auth-failure"})
 
 
 class NotAReport(ValueError):
@@ -143,11 +153,41 @@ def _message_id(headers: Message | None) -> str | None:
     return _text(value)
 
 
+# Where an MTA names the address a message was delivered to: the report's
+# own recipient, which for a report is the original's envelope sender.
+ENVELOPE_HEADERS = ("X-Original-To", "Delivered-To", "Envelope-To", "To")
+
+
+def _by_return_path(report: Message) -> str | None:
+    """The Message-ID Tidings gave the original, from the return path the
+    report was sent to (``<email id>@bounces.<domain>`` stands for
+    ``<email id@domain>``): a report need not carry the original (RFC 3464
+    §2, RFC 5965 §2 make it optional)."""
+    prefix = RETURN_PATH_LABEL + "."
+    for name in ENVELOPE_HEADERS:
+        for value in report.get_all(name) or []:
+            for _, address in getaddresses([_field(value) or ""]):
+                local, _, host = address.strip().rpartition("@")
+                host = host.lower().rstrip(".")
+                if not host.startswith(prefix):
+                    continue
+                try:
+                    email_id = UUID(local)
+                except ValueError:
+                    continue
+                return f"<{email_id}@{host.removeprefix(prefix)}>"
+    return None
+
+
+def _original_message_id(report: Message) -> str | None:
+    return _message_id(_original_headers(report)) or _by_return_path(report)
+
+
 def _dsn(report: Message) -> list[Report]:
     blocks = _machine_part(report, "message/delivery-status")
     if not blocks:
         raise NotAReport("a delivery-status report without its message/delivery-status part")
-    original = _message_id(_original_headers(report))
+    original = _original_message_id(report)
     found: list[Report] = []
     for block in blocks[1:]:
         recipient = _address(block.get("Final-Recipient")) or _address(
@@ -179,12 +219,15 @@ def _arf(report: Message) -> list[Report]:
                           [_field(v) or "" for v in headers.get_all("To") or []])
                       if address and "\x00" not in address]
     feedback = _text(fields.get("Feedback-Type")) or "abuse"
+    if feedback.lower() in NOT_COMPLAINTS:
+        return []
     summary = _text(fields.get("User-Agent"))
+    original = _message_id(headers) or _by_return_path(report)
     return [
         Report(
             outcome="complained",
             recipient=recipient,
-            original_message_id=_message_id(headers),
+            original_message_id=original,
             code=feedback,
             message=f"{feedback} report" + (f" from {summary}" if summary else ""),
         )
@@ -194,7 +237,10 @@ def _arf(report: Message) -> list[Report]:
 
 def parse_report(raw: bytes) -> list[Report]:
     """Every recipient a DSN or an ARF report speaks of; NotAReport otherwise."""
-    message = email.message_from_bytes(raw, policy=email.policy.compat32)
+    try:
+        message = email.message_from_bytes(raw, policy=email.policy.compat32)
+    except RecursionError:
+        raise NotAReport("MIME parts nested too deeply to be a report") from None
     if message.get_content_type() != "multipart/report":
         raise NotAReport(f"not a multipart/report message but {message.get_content_type()}")
     kind = (message.get_param("report-type") or "")

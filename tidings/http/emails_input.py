@@ -37,6 +37,8 @@ REFUSED_HEADERS = frozenset({
 REFUSED_PREFIXES = ("resent-", "content-", "x-tidings-")
 # RFC 5322 field name: printable ASCII without the colon.
 _HEADER_NAME = re.compile(r"[!-9;-~]{1,76}")
+# A header's text is printable characters, spaces and tabs (RFC 5322 §2.2).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 _TAG_TEXT = r"^[A-Za-z0-9_-]+$"
 
 # A bare address with nothing a display name, quoting or a comment would need.
@@ -99,6 +101,8 @@ class SendEmail(RequestBody):
                 raise ValueError("html, text: give at least one of them (or a template)")
         if self.subject is not None and ("\r" in self.subject or "\n" in self.subject):
             raise ValueError("subject: must not contain line breaks")
+        if self.subject is not None and _CONTROL.search(self.subject):
+            raise ValueError("subject: control characters are not allowed")
         if self.scheduled_at is not None and self.scheduled_at.tzinfo is None:
             raise ValueError("scheduled_at: must carry a time zone (e.g. Z)")
         return self
@@ -163,6 +167,8 @@ def check_headers(headers: dict[str, str]) -> dict[str, str]:
             raise InputError(
                 400, f"headers.{name}: one line of at most {MAX_ADDRESS_FIELD} characters"
             )
+        if _CONTROL.search(value):
+            raise InputError(400, f"headers.{name}: control characters are not allowed")
     return headers
 
 
