@@ -2,24 +2,33 @@
 and Twilio honour.
 
 A reply is a keyword when its whole text, trimmed, without trailing
-punctuation and in any case, is one: ``stop.`` and `` Stop `` are, ``stop
-it`` is not (a sentence is not an instruction). Pure: no I/O.
+punctuation, in any case and in any width (``ＳＴＯＰ`` from a phone's
+full-width keyboard), is one: ``stop.``, ``Stop;`` and `` Stop `` are,
+``stop it`` is not (a sentence is not an instruction). The opt-out words
+are CONTRACT §6's and the two more Twilio honours by default (``REVOKE``,
+``OPTOUT``): a number Twilio blocks is one Tidings must not text either.
+Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Literal
 
 Action = Literal["opt_out", "opt_in", "help"]
 
-OPT_OUT = frozenset({"STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT"})
+OPT_OUT = frozenset({
+    "STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT", "REVOKE", "OPTOUT",
+})
+# Trailing characters a keyword may carry.
+TRAILING = ".!?,;:"
 OPT_IN = frozenset({"START", "YES", "UNSTOP"})
 HELP = frozenset({"HELP", "INFO"})
 
 
 def keyword_action(body: str) -> Action | None:
     """The action the reply ``body`` asks for, if it is a keyword."""
-    word = body.strip().rstrip(".!?").strip().upper()
+    word = unicodedata.normalize("NFKC", body).strip().rstrip(TRAILING).strip().upper()
     if word in OPT_OUT:
         return "opt_out"
     if word in OPT_IN:
