@@ -176,6 +176,35 @@ async def test_a_stop_outlasts_any_suppression_of_the_number_until_start(
     assert (await sms_client.delete(f"/suppressions/{made['id']}")).status_code == 204
 
 
+async def test_a_contact_of_a_number_that_replied_stop_is_opted_out(
+    sms_client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """Contacts made or given the number after its STOP say what sending will
+    do: ``opted_out`` (source ``keyword``); ``opted_in`` is 409 until START."""
+    ok(await sms_client.post("/sender-ids", json={"value": "+14155550100",
+                                                  "type": "long_code"}), 201)
+    await inbound(http, From=NUMBER, To="+14155550100", Body="STOP", MessageSid="SM9")
+    later_contact = ok(await sms_client.post("/contacts", json={"phone": NUMBER}), 201)
+    assert (later_contact["sms_consent_status"], later_contact["sms_consent_source"]) == (
+        "opted_out", "keyword")
+    assert later_contact["sms_consent_updated_at"] is not None
+    refused = await sms_client.post("/contacts", json={
+        "phone": NUMBER, "email": "x@example.org", "sms_consent_status": "opted_in"})
+    assert "sms_consent_status" in assert_error(refused, 409, "CONFLICT")
+    patched = await sms_client.patch(f"/contacts/{later_contact['id']}",
+                                     json={"sms_consent_status": "opted_in"})
+    assert "replied STOP" in assert_error(patched, 409, "CONFLICT")
+    moved = ok(await sms_client.post("/contacts", json={
+        "phone": "+14155550188", "sms_consent_status": "opted_in"}), 201)
+    moved = ok(await sms_client.patch(f"/contacts/{moved['id']}", json={"phone": NUMBER}))
+    assert (moved["sms_consent_status"], moved["sms_consent_source"]) == ("opted_out", "keyword")
+    # Another contact's change leaves these alone; START opts them all in.
+    await inbound(http, From=NUMBER, To="+14155550100", Body="START", MessageSid="SM10")
+    back = ok(await sms_client.get(f"/contacts/{later_contact['id']}"))
+    assert back["sms_consent_status"] == "opted_in"
+    ok(await sms_client.patch(f"/contacts/{moved['id']}", json={"sms_consent_status": "opted_in"}))
+
+
 async def test_help_answers_with_the_help_text_naming_the_team(
     sms_client: httpx.AsyncClient, http: httpx.AsyncClient
 ) -> None:

@@ -16,7 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tidings.addresses import MAX_ADDRESS_LENGTH, lookup_address
 from tidings.fields import FieldError, has_nul
 from tidings.http.contact_fields import ConsentStatus, Email, check_properties
-from tidings.http.envelope import ApiError, bad_request, not_found, unprocessable
+from tidings.http.envelope import (
+    ApiError,
+    bad_request,
+    conflict,
+    not_found,
+    rfc3339,
+    unprocessable,
+)
 from tidings.http.models import ListQuery, RequestBody
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
@@ -198,6 +205,14 @@ def gone(error: store.PropertyGone) -> ApiError:
     return unprocessable(str(FieldError(field, "its definition was deleted meanwhile")))
 
 
+def stop_stands(error: store.StopStands) -> ApiError:
+    """409 for ``opted_in`` on a number whose STOP stands (``docs/sms.md``, Consent)."""
+    return conflict(
+        f"sms_consent_status: the number replied STOP ({rfc3339(error.at)}); "
+        "it is opted in again when it replies START"
+    )
+
+
 def out(contact: store.Contact) -> ContactOut:
     return ContactOut.model_validate(contact)
 
@@ -226,6 +241,8 @@ async def create_contact(call: Call, body: CreateContact) -> ContactOut:
         contact = await store.create_contact(call.conn, call.team_id, new)
     except store.PropertyGone as error:
         raise gone(error) from None
+    except store.StopStands as error:
+        raise stop_stands(error) from None
     return out(contact)
 
 
@@ -287,6 +304,8 @@ async def update_contact(call: Call, contact_id: str, body: UpdateContact) -> Co
         contact = await store.update_contact(call.conn, call.team_id, ref, changes)
     except store.PropertyGone as error:
         raise gone(error) from None
+    except store.StopStands as error:
+        raise stop_stands(error) from None
     except store.Unreachable:
         raise unprocessable(
             "email, phone: a contact needs an email or a phone; this change would leave neither"

@@ -36,23 +36,38 @@ properties, created_at, updated_at
 # removes its value, or the write waits for the deletion and finds the
 # definition gone. The statement answers the keys it did not find in `gone`.
 # Here $12 are the keys, $13 their types.
+# A number that replied STOP (``stop``, its suppression's ``sms_opted_out_at``)
+# gives a contact with no consent of its own ``opted_out``; ``opted_in`` is
+# refused (the row is not written and ``stop_at`` says why).
+STOP = """
+stop AS (
+    SELECT max(sms_opted_out_at) AS at FROM suppressions
+    WHERE team_id = $1 AND sms_opted_out_at IS NOT NULL AND address = {phone}
+)"""
+
 INSERT_CONTACT = f"""
 WITH defined AS (
     SELECT key FROM contact_properties
     WHERE team_id = $1 AND (key, type) IN (SELECT * FROM unnest($12::text[], $13::text[]))
     FOR KEY SHARE
-), inserted AS (
+), {STOP.format(phone="$4")}, inserted AS (
     INSERT INTO contacts (team_id, email, phone, normalized_phone, phone_country,
                           sms_consent_status, sms_consent_updated_at, sms_consent_source,
                           first_name, last_name, unsubscribed, properties)
-    SELECT $1, $2, $3, $4, $5, $6,
-           CASE WHEN $6 = 'unknown' THEN NULL ELSE now() END,
-           CASE WHEN $6 = 'unknown' THEN NULL ELSE $7 END,
+    SELECT $1, $2, $3, $4, $5,
+           CASE WHEN stop.at IS NOT NULL AND $6 = 'unknown' THEN 'opted_out' ELSE $6 END,
+           CASE WHEN stop.at IS NOT NULL AND $6 = 'unknown' THEN stop.at
+                WHEN $6 = 'unknown' THEN NULL ELSE now() END,
+           CASE WHEN stop.at IS NOT NULL AND $6 = 'unknown' THEN 'keyword'
+                WHEN $6 = 'unknown' THEN NULL ELSE $7 END,
            $8, $9, $10, $11::jsonb
+    FROM stop
     WHERE (SELECT count(*) FROM defined) = cardinality($12::text[])
+      AND NOT (stop.at IS NOT NULL AND $6 = 'opted_in')
     RETURNING {CONTACT_COLUMNS}
 )
-SELECT inserted.*, ARRAY(SELECT unnest($12::text[]) EXCEPT SELECT key FROM defined) AS gone
+SELECT inserted.*, ARRAY(SELECT unnest($12::text[]) EXCEPT SELECT key FROM defined) AS gone,
+       (SELECT at FROM stop) AS stop_at
 FROM (SELECT) AS one LEFT JOIN inserted ON true
 """
 
@@ -114,7 +129,9 @@ WITH defined AS (
     SELECT key FROM contact_properties
     WHERE team_id = $1 AND (key, type) IN (SELECT * FROM unnest($19::text[], $20::text[]))
     FOR KEY SHARE
-), updated AS (
+), {STOP.format(phone=f"CASE WHEN $6 THEN $8 ELSE ("
+                      f"SELECT normalized_phone FROM contacts WHERE team_id = $1 "
+                      f"AND id = ({TARGET})) END")}, updated AS (
     UPDATE contacts SET
         email = CASE WHEN $4 THEN $5 ELSE email END,
         phone = CASE WHEN $6 THEN $7 ELSE phone END,
@@ -123,18 +140,26 @@ WITH defined AS (
         first_name = CASE WHEN $10 THEN $11 ELSE first_name END,
         last_name = CASE WHEN $12 THEN $13 ELSE last_name END,
         unsubscribed = COALESCE($14, unsubscribed),
-        sms_consent_status = COALESCE($15, sms_consent_status),
-        sms_consent_updated_at = CASE WHEN $15 <> sms_consent_status THEN now()
-                                      ELSE sms_consent_updated_at END,
-        sms_consent_source = CASE WHEN $15 <> sms_consent_status THEN $16
-                                  ELSE sms_consent_source END,
+        sms_consent_status = CASE WHEN stop.at IS NOT NULL THEN 'opted_out'
+                                  ELSE COALESCE($15, sms_consent_status) END,
+        sms_consent_updated_at = CASE
+            WHEN stop.at IS NOT NULL AND COALESCE($15, sms_consent_status) <> 'opted_out'
+                THEN stop.at
+            WHEN $15 <> sms_consent_status THEN now() ELSE sms_consent_updated_at END,
+        sms_consent_source = CASE
+            WHEN stop.at IS NOT NULL AND COALESCE($15, sms_consent_status) <> 'opted_out'
+                THEN 'keyword'
+            WHEN $15 <> sms_consent_status THEN $16 ELSE sms_consent_source END,
         properties = (properties || $17::jsonb) - $18::text[],
         updated_at = now()
+    FROM stop
     WHERE team_id = $1 AND id = ({TARGET})
       AND (SELECT count(*) FROM defined) = cardinality($19::text[])
+      AND NOT (stop.at IS NOT NULL AND $15 IS NOT DISTINCT FROM 'opted_in')
     RETURNING {CONTACT_COLUMNS}
 )
-SELECT updated.*, ARRAY(SELECT unnest($19::text[]) EXCEPT SELECT key FROM defined) AS gone
+SELECT updated.*, ARRAY(SELECT unnest($19::text[]) EXCEPT SELECT key FROM defined) AS gone,
+       (SELECT at FROM stop) AS stop_at
 FROM (SELECT) AS one LEFT JOIN updated ON true
 """
 
@@ -205,6 +230,15 @@ def _definitions(
     return list(values), [types[key] for key in values]
 
 
+class StopStands(Exception):
+    """The contact's number replied STOP at ``at``: it cannot be ``opted_in``
+    until it replies START. Nothing was written."""
+
+    def __init__(self, at: datetime) -> None:
+        super().__init__(at)
+        self.at = at
+
+
 def _written(row: Row) -> Contact | None:
     """The contact a write returned, None if there was none to update;
     PropertyGone if a definition it needed was gone."""
@@ -213,13 +247,14 @@ def _written(row: Row) -> Contact | None:
     if row["id"] is None:
         return None
     fields = dict(row)
-    del fields["gone"]
+    del fields["gone"], fields["stop_at"]
     return Contact.from_row(fields)
 
 
 async def create_contact(conn: Connection, team_id: UUID, new: NewContact) -> Contact:
     """Insert a contact. Raises Duplicate if the team has one with this email,
-    PropertyGone if the definition of a key it sets was deleted meanwhile."""
+    PropertyGone if the definition of a key it sets was deleted meanwhile,
+    StopStands if it would be ``opted_in`` while its number's STOP stands."""
     with unique("email", f"a contact with email {new.email!r} exists already"):
         row = await conn.fetchrow(
             INSERT_CONTACT,
@@ -238,6 +273,8 @@ async def create_contact(conn: Connection, team_id: UUID, new: NewContact) -> Co
         )
     contact = _written(returned(row))
     if contact is None:
+        if row is not None and row["stop_at"] is not None:
+            raise StopStands(row["stop_at"])
         raise RuntimeError("the contact was not inserted")
     return contact
 
@@ -328,7 +365,8 @@ async def update_contact(
 
     Raises Duplicate if the new email is another contact's, Unreachable if
     the contact would be left without an email and a phone, PropertyGone if
-    the definition of a key it sets was deleted meanwhile.
+    the definition of a key it sets was deleted meanwhile, StopStands if it
+    would be ``opted_in`` while its number's STOP stands.
     """
     given = changes.given
     try:
@@ -350,7 +388,11 @@ async def update_contact(
             )
     except asyncpg.CheckViolationError:
         raise Unreachable() from None
-    return _written(returned(row))
+    contact = _written(returned(row))
+    if contact is None and row is not None and row["stop_at"] is not None:
+        if await find_contact_id(conn, team_id, ref) is not None:
+            raise StopStands(row["stop_at"])
+    return contact
 
 
 async def delete_contact(conn: Connection, team_id: UUID, ref: ContactRef) -> bool:
