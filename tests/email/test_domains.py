@@ -137,6 +137,18 @@ async def test_names(client: httpx.AsyncClient) -> None:
             await client.post("/domains", json={"name": special}), 400, "BAD_REQUEST"
         )
         assert "name" in message and "special-use" in message, (special, message)
+    # A sending domain fits 209 characters in its ASCII form, so that its DKIM
+    # record name (253 at most) and bounce address (254) fit; 253 would be a
+    # valid host name.
+    longest = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 13, "com"])
+    assert (await add(client, longest))["name"] == longest
+    idn = ".".join(["bücher" * 7] * 4) + ".example.net"
+    for bad in (longest.replace(".ddd", ".dddd"), ".".join(["a" * 63] * 3 + ["b" * 61]), idn):
+        message = assert_error(
+            await client.post("/domains", json={"name": bad}), 400, "BAD_REQUEST"
+        )
+        assert "name" in message and "at most 209" in message, (bad, message)
+        assert "DKIM record name and bounce address" in message, message
     assert_error(await client.post("/domains", json={}), 400, "BAD_REQUEST")
     assert_error(await client.post("/domains", json={"name": 5}), 400, "BAD_REQUEST")
     assert_error(

@@ -216,3 +216,35 @@ async def test_spf_mechanism_with_the_pass_qualifier(
         checked = await verify(client, domain)
         assert statuses(checked)["spf"] == status, value
         assert checked["status"] == ("verified" if status == "verified" else "failed"), value
+
+
+async def test_records_a_receiver_would_not_use(
+    client: httpx.AsyncClient, zone: tuple[Zone, Any]
+) -> None:
+    """Records with the right host or key that receivers discard or fail on:
+    a DKIM record of another version or for ed25519 keys, SPF that never
+    reaches our host or comes twice, DMARC of another version or twice."""
+    domain = ok(await client.post("/domains", json={"name": "example.com"}), 201)
+    publish(zone[0], domain)
+    records = by_purpose(domain)
+    z = zone[0]
+    key = records["dkim"]["value"].split("p=")[1]
+    for spf, dkim, dmarc in (
+        (("v=spf1 -all a:mx.tidings.example",), f"v=DKIM2; k=rsa; p={key}", "v=DMARC1x"),
+        (("v=spf1 a:mx.tidings.example ~all", "v=spf1 ~all"), f"V=DKIM1; K=RSA; P={key}",
+         "v=dmarc1; p=none"),
+        (("v=spf1 a:mx.tidings.example ~all",), f"v=DKIM1; k=ed25519; p={key}",
+         ("v=DMARC1; p=none", "v=DMARC1; p=reject")),
+    ):
+        z.txt(records["spf"]["name"], *spf)
+        z.txt(records["dkim"]["name"], dkim)
+        z.txt(records["dmarc"]["name"], *([dmarc] if isinstance(dmarc, str) else dmarc))
+        checked = await verify(client, domain)
+        assert checked["status"] == "failed", (spf, dkim, dmarc)
+        assert statuses(checked)["dkim"] == "mismatch", dkim
+        assert statuses(checked)["dmarc"] == "mismatch", dmarc
+    # Not an SPF record at all.
+    z.txt(records["spf"]["name"], "v=spf10 a:mx.tidings.example ~all")
+    assert statuses(await verify(client, domain))["spf"] == "missing"
+    publish(z, domain)
+    assert (await verify(client, domain))["status"] == "verified"

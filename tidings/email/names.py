@@ -4,6 +4,9 @@ A name is a host name under a public suffix, given with or without a trailing
 dot, in any case. Internationalised names (``bücher.example``) are accepted
 and stored in their ASCII form (``xn--bcher-kva.example``), which is what DNS
 and the SMTP envelope carry; the API shows that form.
+
+A sending domain is shorter than DNS allows, so that every name and address
+made from it fits: see ``MAX_SENDING_LENGTH``.
 """
 
 from __future__ import annotations
@@ -14,8 +17,19 @@ import re
 import email_validator
 import idna
 
+from tidings.email.records import return_path_host
+
 LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 MAX_LENGTH = 253
+# A sending domain's longest derived name is its bounce address, an email's
+# id (a UUID, 36 characters) at the return-path host: ``<id>@bounces.<name>``.
+# An SMTP path is at most 256 octets with its angle brackets (RFC 5321
+# §4.5.3.1.3), so the address is at most 254, and the name 209. The DKIM
+# record name, ``tidings<6 hex>._domainkey.<name>``, needs only <= 228 to stay
+# within DNS's 253.
+MAX_BOUNCE_ADDRESS = 254
+UUID_LENGTH = 36
+MAX_SENDING_LENGTH = MAX_BOUNCE_ADDRESS - UUID_LENGTH - len("@") - len(return_path_host(""))
 
 
 def domain_name(raw: str) -> str:
@@ -63,8 +77,16 @@ def domain_name(raw: str) -> str:
 def sending_domain_name(raw: str) -> str:
     """``domain_name(raw)``, refusing the special-use names (RFC 6761: ``.test``,
     ``.invalid``, ``.localhost`` and the like) that no address can be sent
-    from: the same list that the address check (email-validator) applies."""
+    from: the same list that the address check (email-validator) applies,
+    and names longer than ``MAX_SENDING_LENGTH``, whose bounce address would
+    not fit an SMTP path."""
     name = domain_name(raw)
+    if len(name) > MAX_SENDING_LENGTH:
+        raise ValueError(
+            f"must be at most {MAX_SENDING_LENGTH} characters (in its ASCII form) for a "
+            "sending domain, so that its DKIM record name and bounce address fit "
+            f"(this one has {len(name)})"
+        )
     for special in email_validator.SPECIAL_USE_DOMAIN_NAMES:
         if name == special or name.endswith("." + special):
             raise ValueError(

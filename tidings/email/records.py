@@ -6,15 +6,15 @@ Four records per domain:
   domain, which is what SPF checks): ``v=spf1 a:<mail host> ~all``.
 - ``dkim``: TXT at ``<selector>._domainkey.<domain>`` with the public half of
   the domain's own 2048-bit RSA key.
-- ``dmarc``: TXT at ``_dmarc.<domain>``: ``v=DMARC1; p=none;`` (any DMARC
-  record counts: the owner may already have a stricter one).
+- ``dmarc``: TXT at ``_dmarc.<domain>``: ``v=DMARC1; p=none;`` (any single
+  DMARC record counts: the owner may already have a stricter one).
 - ``return_path``: MX at ``bounces.<domain>`` to the mail host, where delivery
   reports for the return path arrive.
 
 A record's status is ``pending`` until it is first looked up, then
 ``verified``, ``missing`` (no such record) or ``mismatch`` (records are
-there, none with the expected value). The domain is verified when SPF and
-DKIM are.
+there, but none that a receiver would use as we need, or several where a
+receiver takes only one). The domain is verified when SPF and DKIM are.
 """
 
 from __future__ import annotations
@@ -88,35 +88,114 @@ def records_for(domain: str, selector: str, dkim_public: str, mail_host: str) ->
     ]
 
 
-def _tags(text: str) -> dict[str, str]:
+# An SPF term (RFC 7208 §4.6.1, §5, §6), loosely: a mechanism with its
+# qualifier, or a modifier. A term that is neither is a syntax error, and a
+# receiver answers ``permerror`` for the whole record (§4.6).
+SPF_MECHANISM = re.compile(
+    r"[+?~-]?(all|(include|exists|ip4|ip6):\S+|ptr(:\S+)?|(a|mx)(:[^/\s]+)?(/\S+)?)"
+)
+SPF_MODIFIER = re.compile(r"[a-z][a-z0-9_.-]*=\S*")
+DKIM_TAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def _spf_terms(text: str) -> list[str] | None:
+    """The terms of an SPF record, lower-cased, or None when ``text`` is not
+    one: it must begin with exactly ``v=spf1`` followed by a space or its end
+    (RFC 7208 §4.5), so ``v=spf10`` is some other record."""
+    version, *terms = text.lower().split(" ")
+    return [term for term in terms if term] if version == "v=spf1" else None
+
+
+def _spf_passes(terms: list[str], mechanism: str) -> bool:
+    """Whether a receiver evaluating ``terms`` reaches ``mechanism`` (e.g.
+    ``a:mx.example``) with the pass qualifier and without a syntax error."""
+    if not all(SPF_MECHANISM.fullmatch(t) or SPF_MODIFIER.fullmatch(t) for t in terms):
+        return False
+    modifiers = [t.partition("=")[0] for t in terms if "=" in t]
+    if modifiers.count("redirect") > 1 or modifiers.count("exp") > 1:
+        return False  # permerror (§6)
+    # ``+`` is the default qualifier (§4.6.2), and a receiver takes the host
+    # with a trailing dot as the same host.
+    passes = {mechanism, f"+{mechanism}", f"{mechanism}.", f"+{mechanism}."}
+    for term in terms:
+        if term in passes:
+            return True
+        if term.lstrip("+-~?") == "all":
+            return False  # nothing after ``all`` is ever evaluated (§5.1)
+    return False
+
+
+def _dkim_tags(text: str) -> dict[str, str] | None:
+    """The tags of a DKIM tag list (RFC 6376 §3.2) in their order, values
+    stripped, or None when it is not one: a part without ``=``, a malformed
+    or repeated tag name. Names are case-sensitive."""
+    parts = text.strip().split(";")
+    if not parts[-1].strip():
+        parts.pop()  # a trailing ``;`` is allowed
     tags: dict[str, str] = {}
-    for part in text.split(";"):
-        key, sep, value = part.partition("=")
-        if sep:
-            tags[key.strip().lower()] = re.sub(r"\s+", "", value)
+    for part in parts:
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not DKIM_TAG_NAME.fullmatch(name) or name in tags:
+            return None
+        tags[name] = value.strip()
     return tags
+
+
+def _dkim_key(text: str) -> str | None:
+    """The RSA key (``p=``, whitespace removed) of a DKIM key record that a
+    receiver can verify our rsa-sha256 email signatures with (RFC 6376
+    §3.6.1), or None: ``v=``, if there, is first and ``DKIM1``; ``k=``, if
+    there, is ``rsa``; ``h=``, if there, lists ``sha256``; ``s=``, if there,
+    lists ``email`` or ``*``."""
+    tags = _dkim_tags(text)
+    if tags is None or "p" not in tags:
+        return None
+    if "v" in tags and (next(iter(tags)) != "v" or tags["v"] != "DKIM1"):
+        return None
+    if tags.get("k", "rsa") != "rsa":
+        return None
+    if "h" in tags and "sha256" not in {h.strip() for h in tags["h"].split(":")}:
+        return None
+    if "s" in tags and not {"email", "*"} & {s.strip() for s in tags["s"].split(":")}:
+        return None
+    return re.sub(r"\s+", "", tags["p"])
+
+
+def _is_dmarc(text: str) -> bool:
+    """Whether ``text`` is a DMARC record: its first tag is ``v=DMARC1``, the
+    value exactly that, ended by ``;`` or the record's end (RFC 7489 §6.3,
+    §6.4; the ``v`` is an ABNF literal, so of either case)."""
+    name, _, value = text.split(";", 1)[0].partition("=")
+    return name.strip() in ("v", "V") and value.strip() == "DMARC1"
 
 
 def judge(record: Record, answers: Sequence[str]) -> Status:
     """The status of ``record`` given what DNS holds at its name: the TXT
-    strings (each record's strings joined) or the MX exchanges."""
+    strings (each record's strings joined) or the MX exchanges.
+
+    ``verified`` only when a receiver could use what is there: a record it
+    would discard, ignore or fail on is a ``mismatch``, and so is more than
+    one record of the kind, since a receiver then errs or picks one."""
     if not answers:
         return "missing"
     if record.purpose == "spf":
-        spf = [a for a in answers if a.lower().startswith("v=spf1")]
+        spf = [terms for a in answers if (terms := _spf_terms(a)) is not None]
         if not spf:
             return "missing"
-        # The mechanism with the pass qualifier, written or not (``+`` is the
-        # default, RFC 7208 §4.6.2); ``-a:``, ``~a:`` and ``?a:`` do not pass.
-        wanted = record.value.split()[1].lower()
-        passes = {wanted, f"+{wanted}"}
-        return "verified" if any(passes & set(a.lower().split()) for a in spf) else "mismatch"
+        # Two SPF records are a permerror (RFC 7208 §4.5).
+        mechanism = record.value.split()[1].lower()
+        return "verified" if len(spf) == 1 and _spf_passes(spf[0], mechanism) else "mismatch"
     if record.purpose == "dkim":
-        wanted = _tags(record.value)["p"]
-        return "verified" if any(_tags(a).get("p") == wanted for a in answers) else "mismatch"
+        # The selector's name is ours alone; with several records there a
+        # receiver's choice is arbitrary (RFC 6376 §3.6.2.2: undefined).
+        wanted = _dkim_key(record.value)
+        keys = [_dkim_key(a) for a in answers]
+        return "verified" if wanted is not None and keys == [wanted] else "mismatch"
     if record.purpose == "dmarc":
-        dmarc = [a for a in answers if a.replace(" ", "").upper().startswith("V=DMARC1")]
-        return "verified" if dmarc else "mismatch"
+        # Several DMARC records: no policy at all (RFC 7489 §6.6.3).
+        dmarc = [a for a in answers if _is_dmarc(a)]
+        return "verified" if len(dmarc) == 1 else "mismatch"
     exchanges = {a.lower().removesuffix(".") for a in answers}
     return "verified" if record.value.lower() in exchanges else "mismatch"
 
