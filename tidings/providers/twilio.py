@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -46,6 +47,8 @@ from tidings.providers.sms import (
     SmsStatus,
     SmsUpdate,
 )
+
+log = logging.getLogger("tidings.twilio")
 
 NAME = "twilio"
 API_VERSION = "2010-04-01"
@@ -91,6 +94,13 @@ def error_message(code: str | None, given: str | None) -> str | None:
     if not code:
         return None
     return ERRORS.get(code, f"Twilio error {code}")
+
+
+def unreachable(error: httpx.HTTPError) -> str:
+    """What a team is told when the API cannot be reached: the kind of failure,
+    not the address it was at (the operator's log has the whole error)."""
+    log.warning("Twilio unreachable: %r", error)
+    return f"Twilio unreachable ({type(error).__name__})"
 
 
 class TwilioUnavailable(Exception):
@@ -158,7 +168,7 @@ class TwilioSms:
         try:
             response = await self._client.post(f"{self._account}/Messages.json", data=form)
         except httpx.HTTPError as error:
-            return SmsResult(NAME, None, retry=Retry(None, f"Twilio unreachable: {error!r}"))
+            return SmsResult(NAME, None, retry=Retry(None, unreachable(error)))
         body = _json(response)
         if response.status_code == 429 or response.status_code >= 500:
             message = body.get("message") or f"Twilio answered {response.status_code}"
@@ -205,7 +215,7 @@ class TwilioSms:
         try:
             response = await self._client.get(self._account + path, params=query)
         except httpx.HTTPError as error:
-            raise TwilioUnavailable(f"Twilio unreachable: {error!r}") from None
+            raise TwilioUnavailable(unreachable(error)) from None
         if response.status_code == 404:
             return None
         if response.status_code >= 400:
