@@ -35,17 +35,20 @@ def test_nul_is_found_in_strings_keys_and_nested_values() -> None:
 
 
 def test_non_finite_numbers_are_found_however_deep_and_refused() -> None:
-    for value in [math.nan, {"k": [1, {"y": math.inf}]}, [-math.inf]]:
+    # A whole number beyond a double's range is one too: JSON readers that
+    # hold numbers as doubles (JavaScript's) read it as Infinity.
+    for value in [math.nan, {"k": [1, {"y": math.inf}]}, [-math.inf], 10**400, [-(10**309)]]:
         assert has_non_finite(value), value
         with pytest.raises(ValueError, match="finite"):
             refuse_unstorable(value)
-    for value in [1.5, {"k": [1, None, "NaN"]}, 10**400, None]:
+    for value in [1.5, {"k": [1, None, "NaN"]}, 10**308, True, None]:
         assert not has_non_finite(value) and refuse_unstorable(value) is value
     with pytest.raises(ValueError, match="NUL"):
         refuse_unstorable({"k": "\x00"})
 
 
-@pytest.mark.parametrize("text", ["NaN", "[Infinity]", '{"a": -Infinity}', "[1e400]", "-1E999"])
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", '{"a": -Infinity}', "[1e400]", "-1E999",
+                                  "[1" + "0" * 400 + "]"])
 def test_strict_json_refuses_what_json_has_not(text: str) -> None:
     with pytest.raises(ValueError):
         strict_json(text)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -41,11 +42,20 @@ def has_nul(value: object) -> bool:
     return False
 
 
-def has_non_finite(value: object) -> bool:
-    """Whether a NaN or an infinity is anywhere in ``value``, however deep:
-    JSON has neither, and PostgreSQL's json types refuse them."""
+def finite_number(value: int | float) -> bool:
+    """Whether a parsed JSON number is one a double holds: not NaN, not an
+    infinity, and no whole number beyond 1.8e308 (Python's parser keeps any
+    number of digits; a JavaScript client would read ``Infinity``)."""
     if isinstance(value, float):
-        return not math.isfinite(value)
+        return math.isfinite(value)
+    return abs(value) <= sys.float_info.max
+
+
+def has_non_finite(value: object) -> bool:
+    """Whether a NaN, an infinity or a whole number beyond a double is anywhere
+    in ``value``, however deep: JSON has none of them."""
+    if isinstance(value, (int, float)):
+        return not finite_number(value)
     if isinstance(value, dict):
         return any(has_non_finite(v) for v in value.values())
     if isinstance(value, list):
@@ -72,6 +82,13 @@ def refuse_unstorable(value: T) -> T:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
+
+
+def _whole(text: str) -> int:
+    number = int(text)
+    if not finite_number(number):
+        raise ValueError(f"{text[:20]}… is beyond the range of a JSON number")
+    return number
 
 
 def _finite(text: str) -> float:
@@ -114,4 +131,4 @@ def strict_json(data: str | bytes) -> Any:
     numbers beyond a double (which Python's json would take), and RepeatedKey
     for an object that names one key twice."""
     return json.loads(data, parse_constant=_no_constant, parse_float=_finite,
-                      object_pairs_hook=_unique)
+                      parse_int=_whole, object_pairs_hook=_unique)

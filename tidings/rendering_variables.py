@@ -7,11 +7,12 @@ and ``RenderError``. Plain Python, no rendering here.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
+
+from tidings.fields import finite_number
 
 VariableType = Literal["string", "number", "boolean"]
 VARIABLE_TYPES: tuple[str, ...] = get_args(VariableType)
@@ -103,7 +104,9 @@ def json_type(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        not finite_number(value)
+    ):
         return "non-finite number"
     if isinstance(value, (int, float)):
         return "number"
@@ -124,7 +127,7 @@ def is_of_type(value: object, kind: VariableType) -> bool:
         return isinstance(value, bool)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return not isinstance(value, float) or math.isfinite(value)
+    return finite_number(value)
 
 
 def format_value(value: Value) -> str:

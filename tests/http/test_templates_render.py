@@ -107,6 +107,12 @@ async def test_wrong_types_and_undeclared_keys_are_422(client: httpx.AsyncClient
     assert "ITEMS must be a number, got null" in assert_error(
         response, 422, "UNPROCESSABLE_ENTITY"
     )
+    # A whole number beyond a double's range is no JSON number (docs/api.md).
+    huge = await client.post("/templates/shipped/render", content=(
+        '{"variables": {"ORDER": "1", "ITEMS": 1' + "0" * 400 + "}}"),
+        headers={"Content-Type": "application/json"})
+    assert "variables: must hold only finite numbers" in assert_error(
+        huge, 400, "BAD_REQUEST")
     message = assert_error(
         await client.post("/templates/shipped/render", json={"variables": []}),
         400,

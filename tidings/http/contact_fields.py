@@ -7,7 +7,6 @@ accepted or refused the same way (and with the same message) in each.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -16,7 +15,7 @@ from pydantic import AfterValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from tidings.addresses import MAX_ADDRESS_LENGTH, normalize_address
-from tidings.fields import FieldError
+from tidings.fields import FieldError, finite_number
 from tidings.storage.contact_properties import PropertyType
 
 ConsentStatus = Literal["unknown", "opted_in", "opted_out"]
@@ -62,8 +61,8 @@ def check_property_value(kind: PropertyType, value: Any, field: str) -> Any:
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise FieldError(field, "must be a number")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise FieldError(field, "must be a finite number")
+        if not finite_number(value):
+            raise FieldError(field, "must be a finite number (at most 1.8e308)")
         return value
     if kind == "boolean":
         if not isinstance(value, bool):
