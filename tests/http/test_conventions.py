@@ -64,6 +64,27 @@ async def test_wrong_method_is_a_405_bad_request(client: httpx.AsyncClient) -> N
     assert_error(await client.delete("/healthz"), 405, "BAD_REQUEST")
 
 
+async def test_a_query_parameter_a_route_does_not_take_is_400(
+    client: httpx.AsyncClient,
+) -> None:
+    """As on the list routes: nothing meant for something else is dropped."""
+    refused = await client.post("/contacts?bogus=1", json={"email": "q@example.com"})
+    assert "bogus: is not a known query parameter" in assert_error(refused, 400, "BAD_REQUEST")
+    assert ok_data(await client.get("/contacts"))["data"] == []
+    created = await client.post("/contacts", json={"email": "q@example.com"})
+    assert created.status_code == 201, created.text
+    contact_id = created.json()["data"]["id"]
+    assert_error(await client.get(f"/contacts/{contact_id}?cache=123"), 400, "BAD_REQUEST")
+    assert (await client.get(f"/contacts/{contact_id}")).status_code == 200
+    listed = await client.get("/contacts?bogus=1")  # a list route, as before
+    assert "bogus" in assert_error(listed, 400, "BAD_REQUEST")
+
+
+def ok_data(response: httpx.Response) -> Any:
+    assert response.status_code == 200, response.text
+    return response.json()["data"]
+
+
 async def test_trailing_slash_does_not_redirect(client: httpx.AsyncClient) -> None:
     health = await client.get("/healthz/")
     assert health.status_code == 200, health.text

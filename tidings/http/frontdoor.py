@@ -266,7 +266,7 @@ class FrontDoor:
             exchange.complete = True
         query: dict[str, Any] = {}
         mimetype = ""
-        if route.query is not None or route.raw_body is not None:
+        if route.query is not None or route.raw_body is not None or scope["query_string"]:
             query, mimetype = _query_and_mimetype(scope)
         key_header = exchange.key_header
         incoming = Incoming(

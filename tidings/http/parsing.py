@@ -91,6 +91,12 @@ def arguments(
     kwargs = parse_path(route, path_values)
     if route.query is not None:
         kwargs["query"] = parse_query(route.query, query)
+    elif query:
+        # As a list route refuses a parameter it does not know: a parameter
+        # meant for something else is never silently dropped.
+        raise bad_request(
+            f"{min(query)}: is not a known query parameter ({route.method} {route.path} takes none)"
+        )
     if route.body is not None:
         kwargs["body"] = parse_body(route.body, raw_body, route.body_required)
     elif route.raw_body is not None:
