@@ -1,6 +1,7 @@
 """TIDINGS_SMS_PROVIDER=twilio against the Twilio double: send, status
-callbacks with a valid and an invalid signature, sync, 429 with Retry-After,
-a refused message, and sender ID review."""
+callbacks with a valid and an invalid signature, callbacks that come before
+the message's SID is stored, sync, 429 with Retry-After, a refused message,
+a cancel by Twilio, and sender ID review."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import trio
 from tests.conftest import assert_error
 from tests.sms.helpers import NUMBER, event_types, ok, send, settled
 from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble
+from tidings.actors.retention import early_sms_report_sweep
 from tidings.config import Config
 from tidings.providers.twilio import signature
+from tidings.service import Service
 
 PUBLIC = "https://tidings.example"
 STATUS = "/providers/twilio/status"
@@ -164,6 +167,149 @@ async def test_a_failure_callback_records_the_code(
                    ErrorCode="21999", ErrorMessage="Something Twilio said")
     assert ok(await client.get(f"/sms/{other['id']}"))["failure"] == {
         "code": "21999", "message": "Something Twilio said"
+    }
+
+
+async def test_callbacks_before_the_sid_is_stored_are_kept_and_applied(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, double: TwilioDouble, service: Service
+) -> None:
+    answers: list[Any] = []
+
+    async def call_back_first(sid: str) -> None:
+        # Twilio's callbacks overtake its 201: the worker has no SID to match.
+        for status in ("sent", "delivered"):
+            answers.append(ok(await callback(http, MessageSid=sid, MessageStatus=status)))
+
+    double.before_created = call_back_first
+    ok(await client.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}), 201)
+    sms = await send(client, **{"from": "+14155550100"})
+    delivered = await settled(client, sms["id"], "delivered")
+    assert answers == [{"recorded": 0, "kept": True}] * 2
+    assert delivered["message_id"] in double.messages
+    assert datetime.fromisoformat(delivered["submitted_at"]) <= datetime.fromisoformat(
+        delivered["delivered_at"])
+    assert [t.removeprefix("message.") for t in await event_types(client, sms["id"])] == [
+        "queued", "processing", "submitted", "sent", "delivered",
+    ]
+    async with service.db.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM sms_early_reports") == 0
+
+
+async def test_callbacks_racing_the_worker_are_never_lost(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, double: TwilioDouble,
+    nursery: trio.Nursery,
+) -> None:
+    async def call_back(sid: str) -> None:
+        for status in ("sent", "delivered"):
+            assert (await callback(http, MessageSid=sid, MessageStatus=status)).status_code == 200
+
+    async def call_back_at_once(sid: str) -> None:
+        nursery.start_soon(call_back, sid)  # as the 201 goes out
+
+    double.before_created = call_back_at_once
+    ok(await client.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}), 201)
+    sent = [await send(client, **{"from": "+14155550100"}) for _ in range(20)]
+    for sms in sent:
+        await settled(client, sms["id"], "delivered")
+    listed = ok(await client.get("/events", params={"limit": 100}))["data"]
+    for sms in sent:
+        assert sorted(e["type"] for e in listed if e["message_id"] == sms["id"]) == sorted(
+            f"message.{s}" for s in ("queued", "processing", "submitted", "sent", "delivered")
+        )
+
+
+async def test_a_callback_kept_while_the_sid_is_being_stored_is_applied(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, double: TwilioDouble, service: Service,
+    nursery: trio.Nursery,
+) -> None:
+    """The callback looks the SID up before the worker stores it, and keeps
+    its report only after the worker has looked for kept reports: it is the
+    callback's second look that applies it."""
+    locked, release = trio.Event(), trio.Event()
+    answers: list[Any] = []
+
+    async def hold_inserts() -> None:
+        async with service.db.transaction() as conn:
+            await conn.execute("LOCK TABLE sms_early_reports IN EXCLUSIVE MODE")  # reads pass
+            locked.set()
+            await release.wait()
+
+    async def post(sid: str) -> None:
+        answers.append(ok(await callback(http, MessageSid=sid, MessageStatus="delivered")))
+
+    async def call_back_held(sid: str) -> None:
+        nursery.start_soon(hold_inserts)
+        await locked.wait()
+        nursery.start_soon(post, sid)
+        async with service.db.acquire() as conn:
+            with trio.fail_after(10):
+                while not await conn.fetchval(
+                    "SELECT count(*) FROM pg_locks"
+                    " WHERE relation = 'sms_early_reports'::regclass AND NOT granted"
+                ):
+                    await trio.sleep(0.01)
+
+    double.before_created = call_back_held
+    ok(await client.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}), 201)
+    sms = await send(client, **{"from": "+14155550100"})
+    await settled(client, sms["id"], "submitted")
+    await trio.sleep(0.3)  # the worker has looked for kept reports, and found none
+    release.set()
+    await settled(client, sms["id"], "delivered")
+    assert answers == [{"recorded": 1, "kept": False}]
+
+
+async def test_a_callback_that_never_matches_is_kept_then_removed_by_retention(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, config: Config, service: Service
+) -> None:
+    answer = await callback(http, MessageSid="SM" + "0" * 32, MessageStatus="delivered")
+    assert ok(answer) == {"recorded": 0, "kept": True}
+    sweep = early_sms_report_sweep(config)
+    async with service.db.acquire() as conn:
+        assert await sweep.delete(service.db) == 0  # a day to match
+        assert await conn.fetchval("SELECT count(*) FROM sms_early_reports") == 1
+        await conn.execute("UPDATE sms_early_reports SET received_at = now() - interval '25h'")
+        assert await sweep.delete(service.db) == 1
+        assert await conn.fetchval("SELECT count(*) FROM sms_early_reports") == 0
+
+
+async def test_a_report_left_behind_is_applied_by_the_retention_sweep(
+    client: httpx.AsyncClient, config: Config, service: Service
+) -> None:
+    sms = await sent_through_twilio(client)
+    async with service.db.acquire() as conn:
+        # As if the worker had stopped between storing the SID and applying
+        # the report a callback kept meanwhile.
+        await conn.execute(
+            "INSERT INTO sms_early_reports (message_id, provider, status, received_at)"
+            " VALUES ($1, 'twilio', 'delivered', now() - interval '2 minutes')",
+            sms["message_id"],
+        )
+        assert await early_sms_report_sweep(config).delete(service.db) == 0  # none deleted
+        assert await conn.fetchval("SELECT count(*) FROM sms_early_reports") == 0
+    assert ok(await client.get(f"/sms/{sms['id']}"))["last_event"] == "delivered"
+
+
+async def test_a_cancel_by_twilio_records_a_failure(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, double: TwilioDouble
+) -> None:
+    by_twilio = {"code": "canceled", "message": "canceled by the provider"}
+    sms = await sent_through_twilio(client)
+    await callback(http, MessageSid=sms["message_id"], MessageStatus="canceled")
+    found = ok(await client.get(f"/sms/{sms['id']}"))
+    assert (found["last_event"], found["failure"]) == ("canceled", by_twilio)
+    other = await settled(client, (await send(client, **{"from": "+14155550100"}))["id"],
+                          "submitted")
+    double.messages[other["message_id"]]["status"] = "canceled"
+    synced = ok(await client.post(f"/sms/{other['id']}/sync"))
+    assert (synced["last_event"], synced["failure"]) == ("canceled", by_twilio)
+    # Twilio's own words, when it gives them, are kept.
+    third = await settled(client, (await send(client, **{"from": "+14155550100"}))["id"],
+                          "submitted")
+    await callback(http, MessageSid=third["message_id"], MessageStatus="canceled",
+                   ErrorCode="30008")
+    assert ok(await client.get(f"/sms/{third['id']}"))["failure"] == {
+        "code": "30008", "message": "Unknown error",
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -23,8 +24,10 @@ AUTH_TOKEN = "double-auth-token"
 @dataclass
 class TwilioDouble:
     """Messages it took (by sid), numbers and short codes the account owns,
-    how many of the next sends to answer with 429 (``Retry-After: 1``), and
-    whether the account's numbers and short codes answer 503 (an outage)."""
+    how many of the next sends to answer with 429 (``Retry-After: 1``),
+    whether the account's numbers and short codes answer 503 (an outage), and
+    what to do with a new message's SID before answering its 201: Twilio may
+    call back before its answer has reached the sender."""
 
     owned_numbers: set[str] = field(default_factory=set)
     owned_short_codes: set[str] = field(default_factory=set)
@@ -34,6 +37,7 @@ class TwilioDouble:
     messages: dict[str, dict[str, Any]] = field(default_factory=dict)
     sends: list[tuple[float, dict[str, str]]] = field(default_factory=list)
     receiver: Receiver | None = None
+    before_created: Callable[[str], Awaitable[None]] | None = None
 
     @property
     def base(self) -> str:
@@ -63,7 +67,10 @@ class TwilioDouble:
                                                  "/SMS/ShortCodes.json"):
             return self._error(503, 20503, "Service Unavailable")
         if request.method == "POST" and path == "/Messages.json":
-            return self._create(dict(parse_qsl(request.body.decode())))
+            answer = self._create(dict(parse_qsl(request.body.decode())))
+            if answer[0] == 201 and self.before_created is not None:
+                await self.before_created(json.loads(answer[1])["sid"])
+            return answer
         if request.method == "GET" and path.startswith("/Messages/"):
             sid = path.removeprefix("/Messages/").removesuffix(".json")
             if sid not in self.messages:

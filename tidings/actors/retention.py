@@ -2,7 +2,8 @@
 
 Each kind of record has its own interval: idempotency records (short-lived,
 many) every ``idempotency_sweep_seconds``; events and finished webhook
-deliveries every ``retention_sweep_seconds``. A sweep deletes in batches
+deliveries every ``retention_sweep_seconds``, and with them the SMS status
+reports kept for a provider id no message has. A sweep deletes in batches
 (``tidings/storage/retention.py``), each its own short transaction, so it
 never holds locks for long; cut short by shutdown, the next run goes on.
 Several processes may sweep at once: a row deleted by one is skipped by the
@@ -19,9 +20,17 @@ import trio
 
 from tidings.config import Config
 from tidings.storage import retention as store
+from tidings.storage import sms_status
 from tidings.storage.db import Database
 
 log = logging.getLogger("tidings.retention")
+
+# A status callback names a message whose provider id the send worker stores
+# within seconds; a report that matches none after a day never will.
+EARLY_SMS_REPORT_RETENTION_SECONDS = 86400
+# A kept report this old whose message has its id by now was left behind by a
+# callback or a send worker stopped between its two steps: the sweep applies it.
+LEFT_BEHIND_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,23 @@ def sweeps(config: Config) -> list[Sweep]:
     ]
 
 
+def early_sms_report_sweep(config: Config) -> Sweep:
+    """Kept SMS status reports: those left behind are applied, those that
+    match no message after a day are deleted (the count returned)."""
+    batch = config.retention_batch_size
+
+    async def early_sms_reports(db: Database) -> int:
+        applied = await db.run(sms_status.apply_left_behind_reports, LEFT_BEHIND_SECONDS, batch)
+        if applied:
+            log.warning("applied %d SMS status reports left behind", applied)
+        return await db.run(
+            store.delete_early_sms_reports, EARLY_SMS_REPORT_RETENTION_SECONDS, batch
+        )
+
+    return Sweep("unmatched SMS status reports", config.retention_sweep_seconds,
+                 early_sms_reports)
+
+
 class RetentionSweeper:
     """Runs every sweep when it falls due, one after the other."""
 
@@ -75,4 +101,5 @@ class RetentionSweeper:
 
 def start_retention(db: Database, config: Config) -> Callable[[], Awaitable[None]]:
     """The body of the retention singleton (a fresh sweeper on each restart)."""
-    return lambda: RetentionSweeper(db, sweeps(config)).run()
+    every = [*sweeps(config), early_sms_report_sweep(config)]
+    return lambda: RetentionSweeper(db, every).run()

@@ -8,7 +8,9 @@ the email worker's:
   ``processing``, hands it to the provider (``TIDINGS_SMS_CONCURRENCY`` in
   flight), and records finished attempts in batches, each batch in one
   transaction with its status moves and the statuses and replies the
-  provider announced for later (``sms_followups``). A provider that did
+  provider announced for later (``sms_followups``); then, with a provider
+  that calls back, the statuses it reported before the batch's provider
+  ids were stored (``sms_early_reports``). A provider that did
   not take the message (HTTP 429, 5xx, unreachable) is tried again after
   ``TIDINGS_SMS_RETRY_SCHEDULE`` (or its ``Retry-After``, if later); after
   the last step the message is ``failed``. Accepting a message NOTIFYs its
@@ -160,7 +162,8 @@ class SendJob:
     async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
         side = self._side
         attempted = [outcome for _item, outcome in done]
-        await side.db.run(store.record_attempts, side.owner, attempted)
+        await side.db.run(store.record_attempts, side.owner, attempted,
+                          calls_back=side.status_callback is not None)
         if any(a.followups for a in attempted) and side.followups is not None:
             side.followups.wake(FOLLOWUPS)
 

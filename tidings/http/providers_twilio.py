@@ -5,7 +5,9 @@ No bearer token: each request must carry a valid ``X-Twilio-Signature``
 keyed with ``TWILIO_AUTH_TOKEN``), else 403.
 
 * ``POST /providers/twilio/status``: ``MessageSid`` and ``MessageStatus``
-  (with ``ErrorCode``) move the message, forward only.
+  (with ``ErrorCode``) move the message, forward only. A callback that comes
+  before the send worker has stored the message's SID is kept (``kept``:
+  true) and applied once the SID is stored.
 * ``POST /providers/twilio/inbound``: a reply ``From`` a number ``To`` a
   sender ID. STOP and its kin opt the number out for every team whose
   approved sender ID it is, START and its kin opt it back in, HELP and
@@ -29,8 +31,7 @@ from tidings.phones import parse_phone
 from tidings.providers.twilio import NAME, error_message, tidings_status, valid_signature
 from tidings.service import Service
 from tidings.sms_keywords import help_text, keyword_action
-from tidings.storage import sender_ids, sms_consent
-from tidings.storage import sms as sms_store
+from tidings.storage import sender_ids, sms_consent, sms_status
 
 routes = Routes("Providers")
 
@@ -69,15 +70,16 @@ async def twilio_status(service: Service) -> Response:
     form = await signed_form(service)
     sid = form.get("MessageSid") or form.get("SmsSid") or ""
     status = tidings_status(form.get("MessageStatus") or form.get("SmsStatus"))
-    recorded = 0
-    found = await service.db.run(sms_store.sms_by_provider_id, sid) if sid else None
-    if found is not None:
-        code = form.get("ErrorCode") or None
-        report = sms_store.Report(
-            found, status, NAME, code, error_message(code, form.get("ErrorMessage") or None)
-        )
-        recorded = len(await service.db.run(sms_store.record_reports, [report]))
-    return json_response(200, success_body({"recorded": recorded}))
+    if not sid:
+        return json_response(200, success_body({"recorded": 0, "kept": False}))
+    code = form.get("ErrorCode") or None
+    report = sms_status.ProviderReport(
+        sid, status, NAME, code, error_message(code, form.get("ErrorMessage") or None)
+    )
+    changes, kept = await service.db.run(sms_status.record_provider_report, report)
+    # Twilio does not send a callback again after a 2xx: a report about a
+    # message whose id is not stored yet is kept, and applied once it is.
+    return json_response(200, success_body({"recorded": len(changes), "kept": kept}))
 
 
 @routes.route(

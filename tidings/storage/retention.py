@@ -13,6 +13,9 @@ concurrent work is changing are simply left for the next sweep.
   retention.
 * Idempotency records go once past the ``expires_at`` written when their key
   was claimed (``IDEMPOTENCY_RETENTION_SECONDS``).
+* Status reports a provider made about an id that no message has
+  (``sms_early_reports``, kept in case the id was about to be stored) go once
+  older than their retention.
 """
 
 from __future__ import annotations
@@ -44,6 +47,15 @@ DELETE FROM idempotency_keys WHERE ctid IN (
 )
 """
 
+DELETE_EARLY_SMS_REPORTS = """
+DELETE FROM sms_early_reports WHERE ctid IN (
+    SELECT e.ctid FROM sms_early_reports e
+    WHERE e.received_at < now() - $1 * interval '1 second'
+      AND NOT EXISTS (SELECT 1 FROM sms_messages m WHERE m.message_id = e.message_id)
+    LIMIT $2
+)
+"""
+
 
 async def _in_batches(conn: Queries, statement: str, *args: object) -> int:
     total = 0
@@ -70,3 +82,9 @@ async def delete_deliveries(conn: Queries, retention_seconds: float, batch: int)
 async def delete_idempotency_records(conn: Queries, batch: int) -> int:
     """Delete idempotency records past their expiry; returns how many."""
     return await _in_batches(conn, DELETE_IDEMPOTENCY_RECORDS, batch)
+
+
+async def delete_early_sms_reports(conn: Queries, retention_seconds: float, batch: int) -> int:
+    """Delete kept SMS status reports that still match no message past
+    retention; returns how many."""
+    return await _in_batches(conn, DELETE_EARLY_SMS_REPORTS, retention_seconds, batch)

@@ -5,7 +5,9 @@ messages at once, scheduled ones at ``scheduled_at``, retries after their
 backoff. Due messages are leased rows (``tidings.storage.leases``) owned by
 their team: the team's actor claims them, and an attempt is recorded only
 while the lease is still this process's, with its status moves, in one
-transaction for a whole batch of attempts.
+transaction for a whole batch of attempts. Status reports a provider made
+before its ids of the batch's messages were stored are applied just after
+(``tidings.storage.sms_status``).
 
 What a provider announces for later (the sandbox's statuses and its STOP
 reply) is written to ``sms_followups`` in the attempt's transaction and
@@ -27,6 +29,7 @@ from tidings.storage.connection import Connection, Row
 from tidings.storage.leases import lease_sql, owners_of
 from tidings.storage.rows import Queries
 from tidings.storage.sms import DUE_CHANNEL, Report, record_reports
+from tidings.storage.sms_status import apply_early_reports
 
 __all__ = ["DUE_CHANNEL"]
 
@@ -153,9 +156,15 @@ async def release(conn: Connection, ids: Sequence[UUID], owner: UUID) -> None:
     await conn.execute(LEASES.release, list(ids), owner)
 
 
-async def record_attempts(conn: Connection, owner: UUID, done: Sequence[Attempted]) -> int:
+async def record_attempts(
+    conn: Connection, owner: UUID, done: Sequence[Attempted], *, calls_back: bool = True
+) -> int:
     """Record attempts whose lease this process still holds, with their
-    status moves and followups, in one transaction; returns how many."""
+    status moves and followups, in one transaction; returns how many. Then,
+    for a provider that ``calls_back`` with statuses, apply what it reported
+    for the ids just stored before they were (one more statement when there
+    are ids, whether or not any report waits). Cancelled between the two,
+    the reports wait for the retention sweeper."""
     async with conn.transaction():
         rows = await conn.fetch(
             RECORD_ATTEMPTS,
@@ -180,6 +189,11 @@ async def record_attempts(conn: Connection, owner: UUID, done: Sequence[Attempte
                 [f.provider for f in followups],
                 [f.due_at for f in followups],
             )
+    # After the commit, never inside it: a callback that kept its report while
+    # this transaction was open could not see the ids, and counts on this look.
+    if calls_back:
+        stored = {r.message_id for a in kept for r in a.reports if r.message_id is not None}
+        await apply_early_reports(conn, sorted(stored))
     return len(kept)
 
 

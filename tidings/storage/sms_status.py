@@ -6,6 +6,16 @@ move writes, in one transaction: the message's row, an ``sms_events`` row
 and the webhook event ``message.<status>`` with channel ``sms``
 (``tidings.storage.events``), which share one id. Reports that are not
 moves (late, repeated, or after a final status) are dropped and logged.
+
+A provider may report a status before the send worker has stored the
+provider's id of the message (Twilio calls back as soon as it has answered
+the send; the worker records answers in batches). Such a report is kept in
+``sms_early_reports`` and applied once the id is stored: the callback keeps
+it and commits, then looks again; the worker, after committing the ids it
+stored, looks for reports kept for them. Whichever commits second sees the
+other's row, so no report is lost, and each is taken out with
+``DELETE ... RETURNING`` in the transaction that applies it, so none is
+applied twice.
 """
 
 from __future__ import annotations
@@ -77,6 +87,41 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::time
 WHERE t.id = u.id
 """
 
+# What a provider reports for a cancel it does not explain.
+PROVIDER_CANCELED = ("canceled", "canceled by the provider")
+
+SMS_OF_PROVIDER_ID = "SELECT id FROM sms_messages WHERE message_id = $1"
+
+KEEP_EARLY = """
+INSERT INTO sms_early_reports (message_id, provider, status, code, message)
+VALUES ($1, $2, $3, $4, $5)
+"""
+
+EARLY_WAITING = """
+SELECT EXISTS (SELECT 1 FROM sms_early_reports WHERE message_id = ANY($1::text[]))
+"""
+
+# The kept reports of these provider ids whose message now has the id.
+TAKE_EARLY = """
+DELETE FROM sms_early_reports e USING sms_messages m
+WHERE e.message_id = ANY($1::text[]) AND m.message_id = e.message_id
+RETURNING e.id, m.id AS sms_id, e.provider, e.status, e.code, e.message
+"""
+
+# Kept reports at least $1 seconds old whose message has the id by now: left
+# behind by a callback or a send worker that stopped between its two steps.
+TAKE_LEFT_BEHIND = """
+WITH left_behind AS (
+    SELECT e.id, m.id AS sms_id
+    FROM sms_early_reports e JOIN sms_messages m ON m.message_id = e.message_id
+    WHERE e.received_at < now() - $1 * interval '1 second'
+    ORDER BY e.id LIMIT $2
+    FOR UPDATE OF e SKIP LOCKED
+)
+DELETE FROM sms_early_reports e USING left_behind l WHERE e.id = l.id
+RETURNING e.id, l.sms_id, e.provider, e.status, e.code, e.message
+"""
+
 
 @dataclass(frozen=True)
 class Report:
@@ -90,6 +135,18 @@ class Report:
     message: str | None = None
     message_id: str | None = None
     occurred_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ProviderReport:
+    """A status a provider reported for its own id of a message (a status
+    callback), which may come before that id is stored."""
+
+    message_id: str
+    status: SmsStatus
+    provider: str
+    code: str | None = None
+    message: str | None = None
 
 
 def event_data(
@@ -158,6 +215,10 @@ def _apply(moving: _Moving, report: Report, at: datetime) -> None:
     if not may_move(moving.status, report.status, moving.reached):
         log.info("sms %s: ignored %s after %s", report.sms_id, report.status, moving.status)
         return
+    code, message = report.code, report.message
+    if report.status == "canceled":
+        # A provider may cancel without a word; the failure still says who did.
+        code, message = code or PROVIDER_CANCELED[0], message or PROVIDER_CANCELED[1]
     moving.status = report.status
     moving.reached = furthest([report.status, moving.reached or report.status])
     if report.status in ("submitted", "sent") and moving.submitted_at is None:
@@ -165,15 +226,14 @@ def _apply(moving: _Moving, report: Report, at: datetime) -> None:
     if report.status == "delivered":
         moving.delivered_at = at
     if report.status in FINAL and report.status != "delivered":
-        moving.failure = (report.code, report.message)
+        moving.failure = (code, message)
     data = event_data(
         row["id"], row["from_sender"], row["to_number"], row["segments"], report.status,
-        provider_message_id=moving.message_id or row["message_id"],
-        code=report.code, message=report.message,
+        provider_message_id=moving.message_id or row["message_id"], code=code, message=message,
     )
     moving.changes.append(Change(
         row["id"], row["team_id"], report.status, row["to_number"], at, report.provider,
-        data, code=report.code, message=report.message,
+        data, code=code, message=message,
     ))
 
 
@@ -184,30 +244,97 @@ async def record_reports(conn: Connection, reports: Sequence[Report]) -> list[Ch
     if not reports:
         return []
     async with conn.transaction():
-        rows = await conn.fetch(LOCK, list({r.sms_id for r in reports}))
-        moving = {
-            row["id"]: _Moving(row, row["status"], furthest([row["status"], *row["earlier"]]))
-            for row in rows
-        }
-        clock = Clock()
-        for report in reports:
-            found = moving.get(report.sms_id)
-            if found is not None:
-                _apply(found, report, report.occurred_at or clock.tick())
-        touched = [m for m in moving.values() if m.changes or m.message_id]
-        if touched:
-            await conn.execute(
-                APPLY,
-                [m.row["id"] for m in touched],
-                [m.status for m in touched],
-                [m.message_id for m in touched],
-                [m.failure[0] for m in touched],
-                [m.failure[1] for m in touched],
-                [m.submitted_at for m in touched],
-                [m.delivered_at for m in touched],
-                [m.status in FINAL for m in touched],
-            )
-        changes = [c for m in touched for c in m.changes]
-        if changes:
-            await conn.fetchval(RECORD_CHANGES, *change_args(changes))
+        return await _record(conn, reports)
+
+
+async def _record(conn: Connection, reports: Sequence[Report]) -> list[Change]:
+    """``record_reports`` inside the caller's transaction."""
+    if not reports:
+        return []
+    rows = await conn.fetch(LOCK, list({r.sms_id for r in reports}))
+    moving = {
+        row["id"]: _Moving(row, row["status"], furthest([row["status"], *row["earlier"]]))
+        for row in rows
+    }
+    clock = Clock()
+    for report in reports:
+        found = moving.get(report.sms_id)
+        if found is not None:
+            _apply(found, report, report.occurred_at or clock.tick())
+    touched = [m for m in moving.values() if m.changes or m.message_id]
+    if touched:
+        await conn.execute(
+            APPLY,
+            [m.row["id"] for m in touched],
+            [m.status for m in touched],
+            [m.message_id for m in touched],
+            [m.failure[0] for m in touched],
+            [m.failure[1] for m in touched],
+            [m.submitted_at for m in touched],
+            [m.delivered_at for m in touched],
+            [m.status in FINAL for m in touched],
+        )
+    changes = [c for m in touched for c in m.changes]
+    if changes:
+        await conn.fetchval(RECORD_CHANGES, *change_args(changes))
     return changes
+
+
+def _early(rows: Sequence[Row]) -> list[Report]:
+    """Kept reports, in the order they arrived. They are recorded when
+    applied, after the moves the send worker recorded with their id."""
+    return [
+        Report(row["sms_id"], row["status"], row["provider"], row["code"], row["message"])
+        for row in sorted(rows, key=lambda row: row["id"])
+    ]
+
+
+async def record_provider_report(
+    conn: Connection, report: ProviderReport
+) -> tuple[list[Change], bool]:
+    """Apply a status a provider reported for its id of a message, after the
+    reports kept for that id before it; when no message has that id yet, keep
+    it for when one has. Returns the moves made, and whether the report was
+    kept for later.
+
+    Cancelled after keeping it, the report waits in ``sms_early_reports`` for
+    the send worker or the retention sweeper."""
+    sms_id = await conn.fetchval(SMS_OF_PROVIDER_ID, report.message_id)
+    if sms_id is None:
+        # Committed on its own, before the second look: if that look misses
+        # the id too, the worker commits it later and its own look finds this.
+        await conn.execute(KEEP_EARLY, report.message_id, report.provider, report.status,
+                           report.code, report.message)
+    async with conn.transaction():
+        rows = await conn.fetch(TAKE_EARLY, [report.message_id])
+        reports = _early(rows)
+        if sms_id is not None:
+            reports.append(Report(sms_id, report.status, report.provider, report.code,
+                                  report.message))
+        changes = await _record(conn, reports)
+    return changes, sms_id is None and not rows
+
+
+async def apply_early_reports(conn: Connection, message_ids: Sequence[str]) -> list[Change]:
+    """Apply the reports kept for these provider ids, which the caller has
+    just stored (and committed). One look-up when none was kept; the moves
+    made. Cancelled, the reports not yet applied stay kept."""
+    if not message_ids or not await conn.fetchval(EARLY_WAITING, list(message_ids)):
+        return []
+    async with conn.transaction():
+        return await _record(conn, _early(await conn.fetch(TAKE_EARLY, list(message_ids))))
+
+
+async def apply_left_behind_reports(conn: Connection, age_seconds: float, batch: int) -> int:
+    """Apply kept reports at least ``age_seconds`` old whose message has its
+    provider id by now, ``batch`` per transaction; how many were applied.
+    They were left by a callback or a send worker that stopped between
+    storing and applying; cancelled, the rest stay for the next sweep."""
+    total = 0
+    while True:
+        async with conn.transaction():
+            rows = await conn.fetch(TAKE_LEFT_BEHIND, age_seconds, batch)
+            await _record(conn, _early(rows))
+        total += len(rows)
+        if len(rows) < batch:
+            return total
