@@ -13,6 +13,7 @@ import trio
 from tests.conftest import Credential, MakeToken
 from tidings.app import serve_http
 from tidings.config import Config
+from tidings.http.pipeline import fingerprint
 from tidings.service import Service, open_service
 
 KEY = "Idempotency-Key"
@@ -69,23 +70,35 @@ async def test_key_of_256_characters_is_accepted(client: httpx.AsyncClient) -> N
     assert response.status_code == 400
 
 
-@pytest.mark.parametrize(
-    "path, body",
-    [
-        ("/contacts", {"email": "other@example.com"}),
-        ("/contacts?dry=1", {"email": "a@example.com"}),
-    ],
-)
 async def test_same_key_different_request_is_a_conflict(
-    client: httpx.AsyncClient, service: Service, path: str, body: dict[str, Any]
+    client: httpx.AsyncClient, service: Service
 ) -> None:
     assert (await post(client, {"email": "a@example.com"}, "k")).status_code == 201
-    response = await client.post(path, json=body, headers={KEY: "k"})
+    response = await client.post("/contacts", json={"email": "other@example.com"},
+                                 headers={KEY: "k"})
     assert response.status_code == 409
     error = response.json()["error"]
     assert error["code"] == "CONFLICT"
     assert "different request" in error["message"]
     assert await count_contacts(service) == 1
+    # A query the route does not take is refused before the key is looked at.
+    response = await client.post("/contacts?dry=1", json={"email": "a@example.com"},
+                                 headers={KEY: "k"})
+    assert response.status_code == 400
+    assert await count_contacts(service) == 1
+
+
+def test_the_fingerprint_is_method_route_path_query_and_body() -> None:
+    """Spec, Idempotency 2: two requests are the same when all four are."""
+    base = fingerprint("POST", "/contacts", b"", b'{"a": 1}')
+    assert fingerprint("POST", "//contacts/", b"", b'{"a": 1}') == base  # one route path
+    for other in (
+        fingerprint("PUT", "/contacts", b"", b'{"a": 1}'),
+        fingerprint("POST", "/contacts/x", b"", b'{"a": 1}'),
+        fingerprint("POST", "/contacts", b"dry=1", b'{"a": 1}'),
+        fingerprint("POST", "/contacts", b"", b'{"a": 2}'),
+    ):
+        assert other != base
 
 
 async def test_keys_are_scoped_to_the_credential(
