@@ -70,6 +70,14 @@ def test_operation_ids_are_the_handler_names() -> None:
     assert doubled == []
 
 
+def test_405_is_declared_where_a_path_can_be_another_resource() -> None:
+    paths = document()["paths"]
+    for path, method in [("/emails/{email_id}", "get"), ("/sms/{sms_id}", "patch"),
+                         ("/contacts/{contact_id}", "delete")]:
+        assert "405" in paths[path][method]["responses"], path
+    assert "405" not in paths["/templates/{template}"]["get"]["responses"]
+
+
 def test_metrics_is_text_and_openapi_is_plain_json() -> None:
     metrics = document()["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"]
@@ -88,8 +96,10 @@ def test_every_operation_declares_its_errors_with_the_envelope() -> None:
     for path, methods in document()["paths"].items():
         for method, operation in methods.items():
             responses = operation["responses"]
-            for status in ("500", "503"):
+            for status in ("431", "500", "503"):  # 431: headers over 16 KiB, on any request
                 assert status in responses, (method, path, status)
+            if "requestBody" in operation:  # a body that stalls is 408
+                assert "408" in responses, (method, path)
             if operation.get("security") != []:
                 for status in ("400", "401", "403", "429"):
                     assert status in responses, (method, path, status)

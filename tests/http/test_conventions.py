@@ -62,6 +62,20 @@ async def test_wrong_method_is_a_405_bad_request(client: httpx.AsyncClient) -> N
     message = assert_error(await client.put("/contacts", json={}), 405, "BAD_REQUEST")
     assert "PUT" in message
     assert_error(await client.delete("/healthz"), 405, "BAD_REQUEST")
+    # A literal path beside a parameter (/emails/batch, /emails/{email_id}) is
+    # its own resource: another method on it is 405, not a bad id.
+    for method, path, allowed in [("GET", "/emails/batch", "POST"),
+                                  ("PATCH", "/emails/batch", "POST"),
+                                  ("GET", "/sms/preview", "POST"),
+                                  ("DELETE", "/contacts/import", "POST")]:
+        response = await client.request(method, path)
+        assert "is not allowed" in assert_error(response, 405, "BAD_REQUEST"), path
+        assert response.headers["allow"] == f"OPTIONS, {allowed}"
+    async with httpx.AsyncClient(base_url=client.base_url) as plain:  # not in OpenAPI
+        options = await plain.options("/emails/batch")
+    assert set(options.headers["allow"].split(", ")) == {"POST", "OPTIONS"}
+    assert "not a valid UUID" in assert_error(await client.get("/emails/batches"), 400,
+                                              "BAD_REQUEST")
 
 
 async def test_a_query_parameter_a_route_does_not_take_is_400(

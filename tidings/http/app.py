@@ -8,6 +8,7 @@ the log, never into a response.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -49,7 +50,7 @@ from tidings.http.envelope import (
 from tidings.http.frontdoor import FrontDoor, http_error_answer
 from tidings.http.pipeline import make_view
 from tidings.http.ratelimit import RateLimiter
-from tidings.http.routing import Route, Routes
+from tidings.http.routing import Route, Routes, Segment
 from tidings.http.shedding import Shedder
 from tidings.logging_setup import choose_request_id, log_access, request_id
 from tidings.storage.errors import Duplicate
@@ -90,7 +91,7 @@ def _route_template(rule: str | None) -> str:
     when no route takes the request (404, 405)."""
     if rule is None:
         return "unmatched"
-    return rule.replace("<", "{").replace(">", "}")
+    return re.sub(r"<(?:[^:>]*:)?([^>]+)>", r"{\1}", rule)
 
 
 def all_routes() -> list[Route]:
@@ -115,9 +116,10 @@ def create_app(service: Service) -> QuartTrio:
         service.config.rate_limit_per_second, service.config.rate_limit_burst
     )
 
+    app.url_map.converters["segment"] = Segment
     for route in all_routes():
         app.add_url_rule(
-            route.rule,
+            route.rule(all_routes()),
             endpoint=f"{route.method} {route.path}",
             view_func=make_view(service, route, rate_limiter),
             methods=[route.method],

@@ -47,10 +47,14 @@ ERROR_DESCRIPTIONS = {
     402: "A quota of the team is used up; the message names it and when it resets",
     403: "The token lacks the permission (FORBIDDEN) or is not a step-up token",
     404: "Not found (also for another team's resources)",
+    405: "The path is another resource's (e.g. /emails/batch), which takes other methods: "
+         "see Allow",
+    408: "The request body did not arrive within 60 s of its headers",
     409: "Conflict: idempotency key reuse, uniqueness, or a state that does not allow it",
     413: "The request body is larger than the route's limit",
     422: "Well-formed but impossible",
     429: "Rate limit exceeded; see Retry-After",
+    431: "The request's headers are larger than 16 KiB",
     500: "Internal error; the details are in the server log",
     503: "Storage unreachable, the service busy or shedding load; retry shortly",
 }
@@ -96,9 +100,14 @@ def _names_ids(route: Route) -> bool:
     return False
 
 
-def error_statuses(route: Route) -> list[int]:
-    """Every error status the pipeline or the handler of ``route`` may answer."""
-    statuses = {500, 503}
+def error_statuses(route: Route, routes: Sequence[Route] = ()) -> list[int]:
+    """Every error status the pipeline or the handler of ``route`` may answer
+    (``routes``: all of them, which decide where a path is another's)."""
+    statuses = {431, 500, 503}
+    if route.rule(routes) != route.rule():
+        statuses.add(405)  # a parameter spelled as a sibling's literal name
+    if route.body is not None or route.raw_body is not None:
+        statuses.add(408)
     if route.path_params or route.query is not None or not route.public:
         statuses.add(400)
     if route.public and route.path_params:
@@ -129,7 +138,9 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
     ]
 
 
-def _operation(route: Route, refs: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+def _operation(
+    route: Route, refs: dict[tuple[str, str], dict[str, Any]], routes: Sequence[Route] = ()
+) -> dict[str, Any]:
     parameters: list[dict[str, Any]] = [
         {
             "name": name,
@@ -176,7 +187,7 @@ def _operation(route: Route, refs: dict[tuple[str, str], dict[str, Any]]) -> dic
             "description": route.summary,
             "content": {"application/json": {"schema": _envelope(data)}},
         }
-    for status in error_statuses(route):
+    for status in error_statuses(route, routes):
         responses[str(status)] = {
             "description": ERROR_DESCRIPTIONS[status],
             "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
@@ -223,7 +234,7 @@ def build(routes: list[Route]) -> dict[str, Any]:
     schemas["Error"] = ERROR_ENVELOPE
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, refs)
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, refs, routes)
     return {
         "openapi": "3.1.0",
         "info": {

@@ -19,12 +19,14 @@ request's whole storage work on the asyncio side in one crossing.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from pydantic import BaseModel
+from werkzeug.routing import BaseConverter, Map
 
 from tidings.storage.db import Connection
 from tidings.storage.tokens import Token
@@ -110,14 +112,38 @@ class Route:
     def max_body_bytes(self, config: Config) -> int:
         return config.max_body_bytes if self.body_limit is None else self.body_limit(config)
 
-    @property
-    def rule(self) -> str:
-        """The Quart rule: ``/contacts/{contact_id}`` becomes ``/contacts/<contact_id>``."""
-        return self.path.replace("{", "<").replace("}", ">")
+    def rule(self, routes: Iterable[Route] = ()) -> str:
+        """The Quart rule: ``/contacts/{contact_id}`` becomes ``/contacts/<contact_id>``.
+
+        A parameter where one of ``routes`` has a literal name (``/emails/batch``
+        beside ``/emails/{email_id}``) never takes that name: a ``GET
+        /emails/batch`` is then 405 with ``Allow: POST``, not a bad email id."""
+        parts = self.path.split("/")
+        rule: list[str] = []
+        for index, part in enumerate(parts):
+            if not part.startswith("{"):
+                rule.append(part)
+                continue
+            reserved = sorted({
+                other[index] for other in (route.path.split("/") for route in routes)
+                if len(other) > index and other[:index] == parts[:index]
+                and not other[index].startswith("{")
+            })
+            names = ",".join(repr(name) for name in reserved)
+            rule.append(f"<segment({names}):{part[1:-1]}>" if reserved else f"<{part[1:-1]}>")
+        return "/".join(rule)
 
     @property
     def path_params(self) -> list[str]:
         return [part[1:-1] for part in self.path.split("/") if part.startswith("{")]
+
+
+class Segment(BaseConverter):
+    """A path segment other than the ``reserved`` names (``Route.rule``)."""
+
+    def __init__(self, url_map: Map, *reserved: str) -> None:
+        super().__init__(url_map)
+        self.regex = "(?!(?:" + "|".join(re.escape(name) for name in reserved) + ")$)[^/]+"
 
 
 class Routes:
