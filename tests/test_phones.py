@@ -28,6 +28,11 @@ def test_a_number_becomes_e164_and_its_country(text: str, e164: str, country: st
         ("call me", "not a phone number in international format"),
         ("+1 555", "not a valid phone number"),
         ("+999 123456", "not a phone number in international format"),
+        # Keypad letters and extensions would reach another number than the one written.
+        ("+1415555ABCD", "holds letters"),
+        ("+1 800 FLOWERS", "holds letters"),
+        ("+14155551234;ext=5", "has an extension"),
+        ("+1 415 555 1234 x5", "has an extension"),
     ],
 )
 def test_a_refusal_names_the_field_and_why(text: str, reason: str) -> None:

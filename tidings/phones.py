@@ -35,6 +35,13 @@ def parse_phone(text: str, field: str = "phone", *, valid: bool = True) -> Phone
         number = phonenumbers.parse(text, None)
     except phonenumbers.NumberParseException:
         raise FieldError(field, f"{text!r} is not a phone number {INTERNATIONAL}") from None
+    # phonenumbers reads keypad letters as digits (1-800-FLOWERS) and keeps an
+    # extension apart; a text message goes to the digits alone, so either one
+    # would reach a number other than the one written.
+    if number.extension:
+        raise FieldError(field, f"{text!r} has an extension; a text message reaches no extension")
+    if any(char.isalpha() for char in text):
+        raise FieldError(field, f"{text!r} holds letters: write the number in digits")
     if valid and not phonenumbers.is_valid_number(number):
         raise FieldError(field, f"{text!r} is not a valid phone number")
     if not valid and not phonenumbers.is_possible_number(number):
