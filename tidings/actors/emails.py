@@ -100,7 +100,13 @@ class Emails:
         blocked = set(email.send_to if email.unsubscribed else email.suppressed)
         reason = ("the contact has unsubscribed from this mail" if email.unsubscribed
                   else "the address is on the team's suppression list")
-        changes = [
+        changes = []
+        if email.status == "scheduled" and email.attempt_count == 0:
+            # Fallen due: queued now, as an email sent at once is when accepted.
+            changes.append(Change(email.id, email.team_id, "queued",
+                                  recipients_text(email.to_addresses), clock.tick(), provider,
+                                  data))
+        changes += [
             Change(email.id, email.team_id, "suppressed", address, clock.tick(), provider, data,
                    message=reason)
             for address in email.send_to if address in blocked
