@@ -27,6 +27,12 @@ async def test_send_answers_202_with_object_and_id(client: httpx.AsyncClient) ->
     assert set(data) == {"object", "id"}
     assert data["object"] == "email"
     uuid.UUID(data["id"])
+    # null is none for headers and tags, as for cc, bcc and reply_to.
+    nulls = ok(await client.post("/emails", json={
+        "from": SENDER, "to": "ada@example.com", "subject": "Hi", "text": "Hello",
+        "cc": None, "bcc": None, "reply_to": None, "headers": None, "tags": None}), 202)
+    shown = ok(await client.get(f"/emails/{nulls['id']}"))
+    assert (shown["headers"], shown["tags"], shown["cc"]) == ({}, [], [])
 
 
 async def test_get_shows_every_field(client: httpx.AsyncClient) -> None:

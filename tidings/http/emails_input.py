@@ -79,8 +79,9 @@ class SendEmail(RequestBody):
     subject: str | None = Field(None, min_length=1, max_length=MAX_ADDRESS_FIELD)
     html: str | None = Field(None, min_length=1)
     text: str | None = Field(None, min_length=1)
-    headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
-    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
+    # null is none, as for cc, bcc and reply_to.
+    headers: dict[str, str] | None = Field(None, max_length=MAX_HEADERS)
+    tags: list[Tag] | None = Field(None, max_length=MAX_TAGS)
     scheduled_at: Moment | None = Field(
         None, description="RFC 3339 with a time zone; in the future, at most 30 days ahead"
     )
