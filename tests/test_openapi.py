@@ -111,6 +111,68 @@ def test_every_operation_declares_its_errors_with_the_envelope() -> None:
                     assert schema == {"$ref": "#/components/schemas/Error"}
 
 
+# Fields a body refuses as null (the model or the route answers 400), by operation,
+# and fields of the same bodies that accept null (it clears them).
+NEVER_NULL = {
+    ("patch", "/topics/{topic_id}"): ["name", "default_subscription"],
+    ("patch", "/contacts/{contact_id}"): [
+        "unsubscribed", "sms_consent_status", "sms_consent_source", "properties",
+    ],
+    ("post", "/contacts"): ["sms_consent_source"],
+    ("patch", "/templates/{template}"): ["name", "subject", "html", "variables"],
+    ("patch", "/webhook-endpoints/{endpoint_id}"): ["url", "events"],
+    ("patch", "/broadcasts/{broadcast_id}"): [
+        "name", "segment_id", "from_email", "subject", "html", "variable_bindings",
+    ],
+}
+NULLABLE = {
+    ("patch", "/topics/{topic_id}"): ["description"],
+    ("patch", "/contacts/{contact_id}"): ["email", "phone", "first_name", "last_name"],
+    ("post", "/contacts"): ["email", "phone"],
+    ("patch", "/templates/{template}"): ["alias", "category", "from", "reply_to", "text"],
+    ("patch", "/webhook-endpoints/{endpoint_id}"): ["description"],
+    ("patch", "/broadcasts/{broadcast_id}"): ["topic_id", "from_name", "text"],
+}
+# Bodies that refuse ``{}`` (400: give at least one field to change).
+NOT_EMPTY = [
+    "/topics/{topic_id}", "/contacts/{contact_id}", "/templates/{template}",
+    "/broadcasts/{broadcast_id}",
+]
+
+
+def _body_schema(method: str, path: str) -> dict[str, Any]:
+    body = document()["paths"][path][method]["requestBody"]
+    return _schema(body["content"]["application/json"]["schema"])
+
+
+def _admits_null(schema: dict[str, Any]) -> bool:
+    """Whether a client reading ``schema`` may send null: a null type, a
+    branch that admits it, or a null default."""
+    kinds = schema.get("type")
+    if kinds == "null" or (isinstance(kinds, list) and "null" in kinds):
+        return True
+    if "default" in schema and schema["default"] is None:
+        return True
+    branches = schema.get("anyOf", []) + schema.get("oneOf", [])
+    return any(_admits_null(_schema(branch)) for branch in branches)
+
+
+@pytest.mark.parametrize(("method", "path"), list(NEVER_NULL))
+def test_fields_refused_as_null_are_not_declared_nullable(method: str, path: str) -> None:
+    """A client generated from the document must not send the null the server
+    refuses, and must still be able to send the null that clears a field."""
+    properties = _body_schema(method, path)["properties"]
+    nullable = [name for name in NEVER_NULL[(method, path)] if _admits_null(properties[name])]
+    assert nullable == [], (method, path)
+    cleared = [name for name in NULLABLE[(method, path)] if not _admits_null(properties[name])]
+    assert cleared == [], (method, path)
+
+
+@pytest.mark.parametrize("path", NOT_EMPTY)
+def test_patch_bodies_that_refuse_nothing_declare_min_properties(path: str) -> None:
+    assert _body_schema("patch", path).get("minProperties") == 1, path
+
+
 async def test_declared_defaults_of_create_contact_are_accepted(
     client: httpx.AsyncClient,
 ) -> None:

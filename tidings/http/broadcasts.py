@@ -13,12 +13,19 @@ from typing import Annotated, Any, Literal, Self
 from uuid import UUID
 
 from pydantic import BaseModel, Field, model_validator
-from pydantic.json_schema import SkipJsonSchema
 
 from tidings.addresses import MAX_ADDRESS_LENGTH, parse_address
 from tidings.fields import FieldError
 from tidings.http.envelope import conflict, not_found, unprocessable
-from tidings.http.models import ListQuery, Moment, RequestBody, Resource
+from tidings.http.models import (
+    NOT_EMPTY,
+    UNCHANGED,
+    ListQuery,
+    Moment,
+    RequestBody,
+    Resource,
+    never_null,
+)
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.rendering import placeholders
@@ -74,33 +81,25 @@ class CreateBroadcast(RequestBody):
         return self
 
 
-def _no_default(schema: dict[str, Any]) -> None:
-    """A field that may be omitted but never null shows no ``default: null``:
-    OpenAPI would find the default outside the field's own type."""
-    schema.pop("default", None)
-
-
-# Omitted: unchanged; never null (the schema says so).
-UNCHANGED = Field(None, json_schema_extra=_no_default)
-
-
 class UpdateBroadcast(RequestBody):
-    name: Annotated[str, Field(min_length=1, max_length=200)] | SkipJsonSchema[None] = UNCHANGED
-    segment_id: UUID | SkipJsonSchema[None] = UNCHANGED
+    model_config = NOT_EMPTY
+
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = UNCHANGED
+    segment_id: UUID | None = UNCHANGED
     topic_id: UUID | None = Field(None, description="null removes it")
-    from_email: Annotated[str, Field(max_length=MAX_ADDRESS_LENGTH)] | SkipJsonSchema[None] = (
+    from_email: Annotated[str, Field(max_length=MAX_ADDRESS_LENGTH)] | None = (
         UNCHANGED
     )
     from_name: str | None = Field(None, max_length=200, description="null removes it")
     reply_to_email: str | None = Field(None, max_length=MAX_ADDRESS_LENGTH)
-    subject: Annotated[str, Field(min_length=1, max_length=998)] | SkipJsonSchema[None] = (
+    subject: Annotated[str, Field(min_length=1, max_length=998)] | None = (
         UNCHANGED
     )
     preview_text: str | None = Field(None, max_length=500)
-    html: Annotated[str, Field(min_length=1)] | SkipJsonSchema[None] = UNCHANGED
+    html: Annotated[str, Field(min_length=1)] | None = UNCHANGED
     text: str | None = None
-    variable_bindings: dict[str, Binding] | SkipJsonSchema[None] = Field(
-        None, description=BINDINGS, json_schema_extra=_no_default
+    variable_bindings: dict[str, Binding] | None = Field(
+        None, description=BINDINGS, json_schema_extra=never_null
     )
     revision: int | None = Field(
         None, ge=1, description="The revision the change is based on; another one is 409"

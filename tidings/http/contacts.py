@@ -24,7 +24,7 @@ from tidings.http.envelope import (
     rfc3339,
     unprocessable,
 )
-from tidings.http.models import ListQuery, RequestBody
+from tidings.http.models import NOT_EMPTY, UNCHANGED, ListQuery, RequestBody, never_null
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.phones import parse_phone
@@ -49,7 +49,7 @@ class CreateContact(RequestBody):
     unsubscribed: bool = False
     sms_consent_status: ConsentStatus = "unknown"
     sms_consent_source: str | None = Field(
-        None, min_length=1, max_length=50,
+        None, min_length=1, max_length=50, json_schema_extra=never_null,
         description=SOURCE + " (only with an sms_consent_status other than unknown; default api)",
     )
     properties: dict[str, Any] = Field(
@@ -80,16 +80,19 @@ class UpdateContact(RequestBody):
     """Only the fields given change; ``null`` clears email, phone and names.
     ``properties`` are merged key by key, a null value removing its key."""
 
+    model_config = NOT_EMPTY
+
     email: Email | None = None
     phone: str | None = Field(None, min_length=1, max_length=32)
     first_name: str | None = Field(None, max_length=255)
     last_name: str | None = Field(None, max_length=255)
-    unsubscribed: bool | None = None
-    sms_consent_status: ConsentStatus | None = None
+    unsubscribed: bool | None = UNCHANGED
+    sms_consent_status: ConsentStatus | None = UNCHANGED
     sms_consent_source: str | None = Field(
-        None, min_length=1, max_length=50, description=SOURCE + " (default api)"
+        None, min_length=1, max_length=50, description=SOURCE + " (default api)",
+        json_schema_extra=never_null,
     )
-    properties: dict[str, Any] | None = None
+    properties: dict[str, Any] | None = UNCHANGED
 
     @model_validator(mode="after")
     def meaningful(self) -> Self:

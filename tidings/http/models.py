@@ -35,6 +35,31 @@ class RequestBody(BaseModel):
     storable = field_validator("*", mode="after")(refuse_unstorable)
 
 
+def never_null(schema: dict[str, Any]) -> None:
+    """The schema of a field that may be omitted but never null: no ``null``
+    branch and no ``default: null`` (outside the field's own type), so that
+    clients generated from the document never send the null the model or
+    the route refuses. Its Python type keeps ``None``, meaning omitted."""
+    schema.pop("default", None)
+    branches = schema.pop("anyOf", None)
+    if branches is None:
+        return
+    kept = [branch for branch in branches if branch != {"type": "null"}]
+    if len(kept) == 1:
+        schema.update(kept[0])
+    else:
+        schema["anyOf"] = kept
+
+
+# The default of a PATCH field that is never null: omitted, it is None and the
+# field is unchanged; given as null, it is refused (by the model or the route).
+UNCHANGED = Field(None, json_schema_extra=never_null)
+
+# The config of a PATCH body that refuses ``{}`` (pydantic merges it with
+# RequestBody's): ``minProperties: 1`` tells clients before the 400 does.
+NOT_EMPTY = ConfigDict(json_schema_extra={"minProperties": 1})
+
+
 # RFC 3339's date-time; the offset is checked by each route, which names it.
 _DATE_TIME = re.compile(
     r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})?"

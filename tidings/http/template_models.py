@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tidings.addresses import parse_address
 from tidings.fields import FieldError
-from tidings.http.models import RequestBody, Resource
+from tidings.http.models import NOT_EMPTY, RequestBody, Resource, never_null
 from tidings.http.paging import Paging
 from tidings.rendering import KEY_PATTERN, MAX_KEY_LENGTH, MAX_VARIABLES, Variable, VariableType
 from tidings.storage import templates as store
@@ -99,17 +99,21 @@ class UpdateTemplate(RequestBody):
     """Fields not given are kept; ``null`` clears an optional one. ``name``,
     ``subject``, ``html`` and ``variables`` may be changed, not cleared."""
 
-    name: str | None = Field(None, min_length=1, max_length=100)
+    model_config = NOT_EMPTY
+
+    name: str | None = Field(None, min_length=1, max_length=100, json_schema_extra=never_null)
     alias: str | None = Field(
         None, min_length=1, max_length=MAX_ALIAS_LENGTH, pattern=ALIAS_PATTERN
     )
     category: Category | None = None
     from_: str | None = Field(None, alias="from", max_length=MAX_FROM_LENGTH)
     reply_to: str | None = Field(None, max_length=320, json_schema_extra={"format": "email"})
-    subject: str | None = Field(None, min_length=1)
-    html: str | None = Field(None, min_length=1)
+    subject: str | None = Field(None, min_length=1, json_schema_extra=never_null)
+    html: str | None = Field(None, min_length=1, json_schema_extra=never_null)
     text: str | None = Field(None, min_length=1)
-    variables: list[VariableIn] | None = Field(None, max_length=MAX_VARIABLES)
+    variables: list[VariableIn] | None = Field(
+        None, max_length=MAX_VARIABLES, json_schema_extra=never_null
+    )
     change_note: str | None = Field(
         None, min_length=1, max_length=500, description="Kept on the new version"
     )

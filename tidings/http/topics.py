@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from tidings.http.contacts import CONTACT_REF, contact_ref, find_contact_id
 from tidings.http.envelope import not_found
-from tidings.http.models import RequestBody, Resource
+from tidings.http.models import NOT_EMPTY, RequestBody, Resource, never_null
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import contacts as contact_store
@@ -37,9 +37,16 @@ class CreateTopic(RequestBody):
 
 
 class UpdateTopic(RequestBody):
-    name: str | None = Field(None, min_length=1, max_length=100)
+    """Only the fields given change; ``null`` clears the description, while
+    ``name`` and ``default_subscription`` may be changed, not cleared."""
+
+    model_config = NOT_EMPTY
+
+    name: str | None = Field(None, min_length=1, max_length=100, json_schema_extra=never_null)
     description: str | None = Field(None, max_length=500, description="null clears it")
-    default_subscription: Subscription | None = Field(None, description=DEFAULT_SUBSCRIPTION)
+    default_subscription: Subscription | None = Field(
+        None, description=DEFAULT_SUBSCRIPTION, json_schema_extra=never_null
+    )
 
     @model_validator(mode="after")
     def meaningful(self) -> Self:

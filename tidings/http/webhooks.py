@@ -11,7 +11,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tidings.http.envelope import ApiError, conflict, not_found
-from tidings.http.models import RequestBody, list_of
+from tidings.http.models import RequestBody, list_of, never_null
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import events as event_store
@@ -88,8 +88,15 @@ class CreateEndpoint(RequestBody):
 
 
 class UpdateEndpoint(RequestBody):
-    url: str | None = Field(None, min_length=1, max_length=MAX_URL_LENGTH)
-    events: list[str] | None = Field(None, min_length=1, max_length=len(EVENT_TYPES) + 1)
+    """Only the fields given change; ``null`` clears the description, while
+    ``url`` and ``events`` may be changed, not removed (refused by the route)."""
+
+    url: str | None = Field(
+        None, min_length=1, max_length=MAX_URL_LENGTH, json_schema_extra=never_null
+    )
+    events: list[str] | None = Field(
+        None, min_length=1, max_length=len(EVENT_TYPES) + 1, json_schema_extra=never_null
+    )
     description: str | None = Field(None, max_length=500)
 
     @field_validator("url")
