@@ -20,15 +20,18 @@ Action = Literal["opt_out", "opt_in", "help"]
 OPT_OUT = frozenset({
     "STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT", "REVOKE", "OPTOUT",
 })
-# Trailing characters a keyword may carry.
-TRAILING = ".!?,;:"
+# Trailing characters a keyword may carry (with the ideographic full stops,
+# which NFKC leaves as they are), and invisible ones a keyboard may add.
+TRAILING = ".!?,;:\u3002\uff61"
+INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
 OPT_IN = frozenset({"START", "YES", "UNSTOP"})
 HELP = frozenset({"HELP", "INFO"})
 
 
 def keyword_action(body: str) -> Action | None:
     """The action the reply ``body`` asks for, if it is a keyword."""
-    word = unicodedata.normalize("NFKC", body).strip().rstrip(TRAILING).strip().upper()
+    text = unicodedata.normalize("NFKC", body).translate(INVISIBLE)
+    word = text.strip().rstrip(TRAILING).strip().upper()
     if word in OPT_OUT:
         return "opt_out"
     if word in OPT_IN:

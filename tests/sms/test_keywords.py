@@ -9,7 +9,8 @@ from tidings.sms_keywords import keyword_action
 
 @pytest.mark.parametrize(("body", "action"), [
     ("STOP", "opt_out"), (" stop. ", "opt_out"), ("Stop;", "opt_out"), ("stop,", "opt_out"),
-    ("ＳＴＯＰ", "opt_out"), ("revoke", "opt_out"), ("OptOut!", "opt_out"),
+    ("ＳＴＯＰ", "opt_out"), ("ＳＴＯＰ。", "opt_out"), ("STOP\u200b", "opt_out"),
+    ("\ufeffstop", "opt_out"), ("revoke", "opt_out"), ("OptOut!", "opt_out"),
     ("unsubscribe", "opt_out"), ("quit", "opt_out"),
     ("start", "opt_in"), ("Yes!", "opt_in"), ("unstop", "opt_in"),
     ("help?", "help"), ("INFO", "help"),

@@ -167,13 +167,21 @@ async def test_a_stop_outlasts_any_suppression_of_the_number_until_start(
     await inbound(http, From=other, To="+14155550100", Body="STOP", MessageSid="SM8")
     [stop] = ok(await sms_client.get("/suppressions"))["data"]
     assert (stop["address"], stop["reason"]) == (other, "sms_opt_out")
+    assert stop["sms_opted_out_at"] is not None  # the list says which are STOPs
     assert_error(await sms_client.delete(f"/suppressions/{stop['id']}"), 409, "CONFLICT")
     assert_error(await sms_client.post("/sms", json={"to": other, "from": "Acme", "body": "x"}),
                  422, "UNPROCESSABLE_ENTITY")
-    # One made by the team with that reason is the team's to lift.
+    # One made by the team with that reason (an opt-out list brought from
+    # elsewhere) records a STOP as well: only the number's START lifts it.
+    brought = "+14155550178"
     made = ok(await sms_client.post("/suppressions", json={
-        "address": "+14155550178", "reason": "sms_opt_out"}), 201)
-    assert (await sms_client.delete(f"/suppressions/{made['id']}")).status_code == 204
+        "address": brought, "reason": "sms_opt_out"}), 201)
+    assert made["sms_opted_out_at"] is not None
+    assert_error(await sms_client.delete(f"/suppressions/{made['id']}"), 409, "CONFLICT")
+    await inbound(http, From=brought, To="+14155550100", Body="START", MessageSid="SM11")
+    assert_error(await sms_client.get(f"/suppressions/{made['id']}"), 404, "NOT_FOUND")
+    manual_again = ok(await sms_client.post("/suppressions", json={"address": brought}), 201)
+    assert manual_again["sms_opted_out_at"] is None
 
 
 async def test_a_contact_of_a_number_that_replied_stop_is_opted_out(

@@ -45,6 +45,11 @@ class SuppressionOut(Resource):
     reason: Reason
     source_message_id: UUID | None
     created_at: datetime
+    sms_opted_out_at: datetime | None = Field(
+        description="When the number replied STOP (or was suppressed with the reason "
+        "sms_opt_out), while that stands: only a START from the number lifts it, and "
+        "DELETE is 409 meanwhile"
+    )
 
 
 class SuppressionList(BaseModel):

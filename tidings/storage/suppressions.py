@@ -22,11 +22,15 @@ Reason = Literal["bounce", "complaint", "unsubscribe", "manual", "sms_opt_out"]
 REASONS: tuple[str, ...] = ("bounce", "complaint", "unsubscribe", "manual", "sms_opt_out")
 Kind = Literal["email", "phone"]
 
-COLUMNS = "id, team_id, address, kind, reason, source_message_id, created_at"
+COLUMNS = "id, team_id, address, kind, reason, source_message_id, created_at, sms_opted_out_at"
 
+# A phone suppressed for the reason ``sms_opt_out`` records a STOP, as the
+# number's own reply does (an opt-out list brought from elsewhere): only a
+# START from the number lifts it.
 INSERT_SUPPRESSION = f"""
-INSERT INTO suppressions (team_id, address, kind, reason, source_message_id)
-VALUES ($1, CASE WHEN $3::text = 'email' THEN lower($2) ELSE $2 END, $3, $4, $5)
+INSERT INTO suppressions (team_id, address, kind, reason, source_message_id, sms_opted_out_at)
+VALUES ($1, CASE WHEN $3::text = 'email' THEN lower($2) ELSE $2 END, $3, $4, $5,
+        CASE WHEN $3::text = 'phone' AND $4::text = 'sms_opt_out' THEN now() END)
 RETURNING {COLUMNS}
 """
 
@@ -79,6 +83,8 @@ class Suppression:
     reason: Reason
     source_message_id: UUID | None
     created_at: datetime
+    # When the number replied STOP (or was suppressed as having), while that stands.
+    sms_opted_out_at: datetime | None = None
 
 
 async def create_suppression(
