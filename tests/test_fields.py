@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 
@@ -41,7 +42,9 @@ def test_non_finite_numbers_are_found_however_deep_and_refused() -> None:
         assert has_non_finite(value), value
         with pytest.raises(ValueError, match="finite"):
             refuse_unstorable(value)
-    for value in [1.5, {"k": [1, None, "NaN"]}, 10**308, True, None]:
+    # The largest whole number a double rounds to a finite one is still one.
+    below = int(sys.float_info.max) + 2**969
+    for value in [1.5, {"k": [1, None, "NaN"]}, 10**308, below, True, None]:
         assert not has_non_finite(value) and refuse_unstorable(value) is value
     with pytest.raises(ValueError, match="NUL"):
         refuse_unstorable({"k": "\x00"})

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -48,7 +47,11 @@ def finite_number(value: int | float) -> bool:
     number of digits; a JavaScript client would read ``Infinity``)."""
     if isinstance(value, float):
         return math.isfinite(value)
-    return abs(value) <= sys.float_info.max
+    try:
+        float(value)  # rounds as a double would; beyond its range: OverflowError
+    except OverflowError:
+        return False
+    return True
 
 
 def has_non_finite(value: object) -> bool:

@@ -164,6 +164,8 @@ BAD_BODIES: list[tuple[dict[str, Any], str]] = [
       "text": "x"}, "subject"),
     ({"from": SENDER, "to": "a@example.com", "subject": "x", "text": "x",
       "headers": {"X-Ctl": "a\x0bb\x1bc"}}, "headers.X-Ctl"),
+    ({"from": SENDER, "to": "a@example.com", "subject": "one\u2028two", "text": "x"},
+     "subject"),
     ({"from": SENDER, "to": "a@example.com", "subject": "x", "text": "x",
       "tags": [{"name": "a b", "value": "x"}]}, "tags"),
     ({"from": SENDER, "to": "a@example.com", "subject": "x", "text": "x",

@@ -38,7 +38,7 @@ REFUSED_PREFIXES = ("resent-", "content-", "x-tidings-")
 # RFC 5322 field name: printable ASCII without the colon.
 _HEADER_NAME = re.compile(r"[!-9;-~]{1,76}")
 # A header's text is printable characters, spaces and tabs (RFC 5322 §2.2).
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 _TAG_TEXT = r"^[A-Za-z0-9_-]+$"
 
 # A bare address with nothing a display name, quoting or a comment would need.
