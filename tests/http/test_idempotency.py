@@ -13,7 +13,7 @@ import trio
 from tests.conftest import Credential, MakeToken
 from tidings.app import serve_http
 from tidings.config import Config
-from tidings.http.pipeline import fingerprint
+from tidings.http.idempotency_key import fingerprint
 from tidings.service import Service, open_service
 
 KEY = "Idempotency-Key"
@@ -57,6 +57,17 @@ async def test_blank_or_long_keys_are_rejected(
     error = response.json()["error"]
     assert error["code"] == "BAD_REQUEST"
     assert "Idempotency-Key" in error["message"]
+    assert await count_contacts(service) == 0
+
+
+async def test_two_key_headers_are_refused(client: httpx.AsyncClient, service: Service) -> None:
+    """Which of two a proxy or a framework would pick is anyone's guess."""
+    for path, body in [("/contacts", {"email": "two@example.com"}),
+                       ("/webhook-endpoints", {"url": "https://example.com/hook",
+                                               "events": ["*"]})]:
+        response = await client.post(path, json=body, headers=[(KEY, "k1"), (KEY, "k2")])
+        assert response.status_code == 400, response.text
+        assert "more than one Idempotency-Key" in response.json()["error"]["message"]
     assert await count_contacts(service) == 0
 
 

@@ -46,13 +46,8 @@ from tidings.http.envelope import (
     payment_required,
     storage_failure,
 )
-from tidings.http.pipeline import (
-    IDEMPOTENCY_HEADER,
-    Incoming,
-    cached_admission,
-    fingerprint,
-    run_incoming,
-)
+from tidings.http.idempotency_key import IDEMPOTENCY_HEADER, fingerprint, one_key_header
+from tidings.http.pipeline import Incoming, cached_admission, run_incoming
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import MUTATING, Route
 from tidings.logging_setup import choose_request_id, log_access, request_id
@@ -123,14 +118,14 @@ class _Request:
     """One request as the front door reads it: the headers it needs, and its body."""
 
     __slots__ = (
-        "authorization", "sent_id", "key_header", "content_length", "transfer_encoding",
+        "authorization", "sent_id", "key_headers", "content_length", "transfer_encoding",
         "complete", "limit", "admitted",
     )
 
     def __init__(self, scope: MutableMapping[str, Any]) -> None:
         self.authorization: list[str] = []
         self.sent_id: str | None = None
-        self.key_header: str | None = None
+        self.key_headers: list[str] = []
         self.content_length: str | None = None
         self.transfer_encoding: str | None = None
         self.complete = False
@@ -146,8 +141,7 @@ class _Request:
                 if self.sent_id is None:
                     self.sent_id = value.decode("latin-1")
             elif name == KEY_HEADER:
-                if self.key_header is None:
-                    self.key_header = value.decode("latin-1")
+                self.key_headers.append(value.decode("latin-1"))
             elif name == b"content-length":
                 if self.content_length is None:
                     self.content_length = value.decode("latin-1")
@@ -268,7 +262,7 @@ class FrontDoor:
         mimetype = ""
         if route.query is not None or route.raw_body is not None or scope["query_string"]:
             query, mimetype = _query_and_mimetype(scope)
-        key_header = exchange.key_header
+        key_header = one_key_header(exchange.key_headers)
         incoming = Incoming(
             secret_hash=secret_hash,
             token=token,

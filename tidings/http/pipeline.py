@@ -16,7 +16,6 @@ commit in one transaction. A failed request releases its claim.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,10 +29,15 @@ from tidings.actors.idempotency import Proceed, Refuse, Replay, decide
 from tidings.actors.mailbox import ActorError
 from tidings.http.envelope import (
     ApiError,
-    bad_request,
     conflict,
     json_response,
     success_body,
+)
+from tidings.http.idempotency_key import (
+    IDEMPOTENCY_HEADER,
+    fingerprint,
+    idempotency_key,
+    one_key_header,
 )
 from tidings.http.parsing import arguments, parse_path, query_values, read_body
 from tidings.http.ratelimit import RateLimiter
@@ -48,8 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidings.http")
 
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-MAX_KEY_LENGTH = 256
 # How long a request waits for an actor before answering 503.
 ACTOR_TIMEOUT_SECONDS = 10.0
 LOCK_LOST = (
@@ -132,36 +134,6 @@ async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -
     finally:
         if seen:
             g.team_id = seen[0]
-
-
-def idempotency_key(raw: str | None) -> str | None:
-    if raw is None:
-        return None
-    try:
-        # Header values arrive as latin-1; clients send UTF-8 for non-ASCII keys.
-        raw = raw.encode("latin-1").decode("utf-8")
-    except UnicodeError:
-        pass
-    key = raw.strip()
-    if not key:
-        raise bad_request(f"{IDEMPOTENCY_HEADER}: must not be empty")
-    if len(key) > MAX_KEY_LENGTH:
-        raise bad_request(
-            f"{IDEMPOTENCY_HEADER}: at most {MAX_KEY_LENGTH} characters, got {len(key)}"
-        )
-    return key
-
-
-def fingerprint(method: str, path: str, query_string: bytes, raw_body: bytes) -> bytes:
-    """Method, route path, query string and body: what makes two requests the
-    same. Spellings of one path that reach one route (``/a/``, ``//a``) are one."""
-    digest = hashlib.sha256()
-    route_path = "/" + "/".join(part for part in path.split("/") if part)
-    for part in (method.encode(), route_path.encode(), query_string):
-        digest.update(part)
-        digest.update(b"\n")
-    digest.update(raw_body)
-    return digest.digest()
 
 
 def render(route: Route, result: Any) -> Rendered:
@@ -310,7 +282,7 @@ async def run_on_trio(
         raw_body = await read_body(route.max_body_bytes(service.config))
     kwargs = arguments(route, path_values, query_values(), raw_body, request.mimetype)
     key = (
-        idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
+        idempotency_key(one_key_header(request.headers.getlist(IDEMPOTENCY_HEADER)))
         if route.method in MUTATING else None
     )
     if key is not None:
@@ -359,7 +331,7 @@ async def run_as_unit(
         raw_body = b""
         if route.method in MUTATING:
             raw_body = await read_body(route.max_body_bytes(service.config))
-        key_header = request.headers.get(IDEMPOTENCY_HEADER)
+        key_header = one_key_header(request.headers.getlist(IDEMPOTENCY_HEADER))
         incoming = Incoming(
             secret_hash=secret_hash,
             token=token,
