@@ -151,3 +151,18 @@ async def test_bytes_after_a_request_that_closes_are_not_read(
     ))
     assert status == 201, body
     assert json.loads(body)["data"]["email"] == "close@example.com"
+
+
+async def test_a_method_is_case_sensitive(base_url: str) -> None:
+    """RFC 9110 §9.1: "post" is no POST, though a router would take it for one
+    (and a filter in front, checking for POST, would not): 501, as for a
+    transfer coding Tidings does not implement."""
+    body = b'{"email": "lower@example.com"}'
+    status, headers, answer = await exchange(base_url, (
+        b"post /contacts HTTP/1.1\r\nHost: x\r\n"
+        b"Authorization: Bearer svc_team_x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body))
+    assert "case-sensitive" in assert_envelope(status, headers, answer, 501)
+    status, headers, answer = await exchange(base_url, (
+        b"POST /contacts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"))
+    assert "transfer coding" in assert_envelope(status, headers, answer, 501)

@@ -55,6 +55,7 @@ ERROR_DESCRIPTIONS = {
     422: "Well-formed but impossible",
     429: "Rate limit exceeded; see Retry-After",
     431: "The request's headers are larger than 16 KiB",
+    501: "A method or transfer coding not implemented (methods are case-sensitive)",
     500: "Internal error; the details are in the server log",
     503: "Storage unreachable, the service busy or shedding load; retry shortly",
 }
@@ -103,7 +104,7 @@ def _names_ids(route: Route) -> bool:
 def error_statuses(route: Route, routes: Sequence[Route] = ()) -> list[int]:
     """Every error status the pipeline or the handler of ``route`` may answer
     (``routes``: all of them, which decide where a path is another's)."""
-    statuses = {431, 500, 503}
+    statuses = {431, 500, 501, 503}
     if route.rule(routes) != route.rule():
         statuses.add(405)  # a parameter spelled as a sibling's literal name
     if route.body is not None or route.raw_body is not None:

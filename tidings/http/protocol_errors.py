@@ -29,6 +29,9 @@ MESSAGES = {
     413: "the request is too large",
     414: "the request target is too long",
     431: "the request line and headers together exceed {limit} bytes",
+    501: "the request uses a method or a transfer coding Tidings does not implement "
+         "(method names are case-sensitive, RFC 9110 §9.1: POST, not post; the one "
+         "transfer coding is chunked)",
 }
 
 
@@ -88,8 +91,15 @@ class EnvelopeH11Protocol(H11Protocol):
         self.send = send
 
     async def _create_stream(self, request: h11.Request) -> None:
+        status = None
         if head_size(request) > self.config.h11_max_incomplete_size:
-            await self._send_error_response(431)
+            status = 431
+        elif request.method != request.method.upper():
+            # hypercorn would upper-case it, and a router take "post" for POST,
+            # which a filter in front checking for POST would not.
+            status = 501
+        if status is not None:
+            await self._send_error_response(status)
             await self.send(Closed())
             return  # no stream: the loop reading this connection stops
         await super()._create_stream(request)
@@ -116,8 +126,9 @@ class EnvelopeH11Protocol(H11Protocol):
 
     async def _send_envelope(self, status_code: int) -> None:
         message = MESSAGES.get(status_code, "the request cannot be processed")
+        # 501 is the request's doing (a method or coding not implemented), not a fault.
         body = error_body(
-            "INTERNAL_ERROR" if status_code >= 500 else "BAD_REQUEST",
+            "INTERNAL_ERROR" if status_code >= 500 and status_code != 501 else "BAD_REQUEST",
             message.format(limit=self.config.h11_max_incomplete_size),
         )
         headers = [
