@@ -60,6 +60,20 @@ async def test_blank_or_long_keys_are_rejected(
     assert await count_contacts(service) == 0
 
 
+@pytest.mark.parametrize("raw", [b"q\xff", b"a\x01b", b"a\x7fb", b"a\xc2\x85b"])
+async def test_a_key_that_is_not_text_is_refused(
+    client: httpx.AsyncClient, service: Service, raw: bytes
+) -> None:
+    """Bytes that are not UTF-8 (read as latin-1, q\\xff would be the UTF-8 key
+    "qÿ") and control characters are no key."""
+    response = await client.post("/contacts", json={"email": "a@example.com"},
+                                 headers={KEY.encode(): raw})
+    assert response.status_code == 400, response.text
+    assert "Idempotency-Key" in response.json()["error"]["message"]
+    assert await count_contacts(service) == 0
+    assert (await post(client, {"email": "a@example.com"}, "qÿ")).status_code == 201
+
+
 async def test_two_key_headers_are_refused(client: httpx.AsyncClient, service: Service) -> None:
     """Which of two a proxy or a framework would pick is anyone's guess."""
     for path, body in [("/contacts", {"email": "two@example.com"}),

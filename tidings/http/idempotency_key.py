@@ -5,11 +5,13 @@ the request's storage work."""
 from __future__ import annotations
 
 import hashlib
+import re
 
 from tidings.http.envelope import bad_request
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def one_key_header(values: list[str]) -> str | None:
@@ -25,13 +27,17 @@ def idempotency_key(raw: str | None) -> str | None:
     if raw is None:
         return None
     try:
-        # Header values arrive as latin-1; clients send UTF-8 for non-ASCII keys.
+        # Header values arrive as latin-1; a non-ASCII key is sent as UTF-8.
+        # Bytes that are not UTF-8 are no text: read as latin-1 instead, they
+        # would be the same key as another client's UTF-8 spelling.
         raw = raw.encode("latin-1").decode("utf-8")
     except UnicodeError:
-        pass
+        raise bad_request(f"{IDEMPOTENCY_HEADER}: must be UTF-8 text") from None
     key = raw.strip()
     if not key:
         raise bad_request(f"{IDEMPOTENCY_HEADER}: must not be empty")
+    if _CONTROL.search(key):
+        raise bad_request(f"{IDEMPOTENCY_HEADER}: control characters are not allowed")
     if len(key) > MAX_KEY_LENGTH:
         raise bad_request(
             f"{IDEMPOTENCY_HEADER}: at most {MAX_KEY_LENGTH} characters, got {len(key)}"
