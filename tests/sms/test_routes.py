@@ -38,6 +38,11 @@ async def test_send_answers_202_with_every_field(sms_client: httpx.AsyncClient) 
     )
     assert sms["metadata"] == {"order": 42, "tags": ["a"]}
     assert sms["failure"] is None and sms["message_id"] is None
+    # A number no country has still has a string: 001, the world (UN M.49).
+    freephone = await send(sms_client, to="+800 1234 5678")
+    assert freephone["destination"] == {"country": "001"}
+    assert ok(await sms_client.get(f"/sms/{freephone['id']}"))["destination"] == {
+        "country": "001"}
     assert ok(await sms_client.get(f"/sms/{sms['id']}"))["id"] == sms["id"]
 
 

@@ -12,8 +12,16 @@ from tidings.providers.sms import SmsStatus
 from tidings.storage.sms import Sms
 
 
+# The region of a number no country has (+800, +882...): UN M.49 "World",
+# as libphonenumber names it, so that ``country`` is always a string.
+NON_GEOGRAPHIC = "001"
+
+
 class Destination(BaseModel):
-    country: str | None = Field(description="ISO 3166-1 alpha-2 of the recipient's number")
+    country: str = Field(
+        description="ISO 3166-1 alpha-2 of the recipient's number; 001 (UN M.49: the world) "
+        "for a non-geographic number such as +800"
+    )
 
 
 class Failure(BaseModel):
@@ -45,7 +53,8 @@ class SmsOut(BaseModel):
         return cls(
             id=sms.id, to=sms.to_number, from_=sms.from_sender, body=sms.body,
             last_event=sms.status,  # type: ignore[arg-type]
-            destination=Destination(country=sms.country), segments=sms.segments,
+            destination=Destination(country=sms.country or NON_GEOGRAPHIC),
+            segments=sms.segments,
             created_at=sms.created_at, updated_at=sms.updated_at, message_id=sms.message_id,
             metadata=sms.metadata, scheduled_at=sms.scheduled_at,
             failure=Failure(code=sms.failure_code, message=sms.failure_message)
