@@ -132,7 +132,8 @@ class _Request:
         self.limit: int | None = None
         # The team of the admitted token, for the access log (pipeline.Incoming).
         self.admitted: list[UUID] = []
-        # Header values as Quart reads them: latin-1, the first of repeated ones.
+        # Header values as Quart reads them: latin-1; every Authorization and
+        # Idempotency-Key (more than one is refused), the first of other repeats.
         for name, value in scope["headers"]:
             name = name.lower()
             if name == b"authorization":
