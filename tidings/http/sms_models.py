@@ -11,7 +11,6 @@ from pydantic import BaseModel, Field
 from tidings.providers.sms import SmsStatus
 from tidings.storage.sms import Sms
 
-
 # The region of a number no country has (+800, +882...): UN M.49 "World",
 # as libphonenumber names it, so that ``country`` is always a string.
 NON_GEOGRAPHIC = "001"
