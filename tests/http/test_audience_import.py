@@ -138,6 +138,44 @@ async def test_rejected_rows_are_reported_and_the_rest_go_in(client: httpx.Async
     assert_error(await client.get("/contacts/ok2@example.com"), 404, "NOT_FOUND")
 
 
+async def test_an_import_cannot_opt_in_a_number_whose_stop_stands(
+    client: httpx.AsyncClient
+) -> None:
+    """As POST and PATCH /contacts: a number that replied STOP is opted out
+    whatever the row says, and a row opting it in is rejected alone."""
+    stop = ok(await client.post("/suppressions", json={
+        "address": "+14155550100", "reason": "sms_opt_out"}), 201)
+    await create(client, email="kept@example.com", phone="+14155550100")
+    await create(client, email="moves@example.com", phone="+14155550199",
+                 sms_consent_status="opted_in", sms_consent_source="signup form")
+    report = await import_json(client, [
+        {"email": "new@example.com", "phone": "+1 415 555 0100"},
+        {"email": "in@example.com", "phone": "+14155550100", "sms_consent_status": "opted_in"},
+        {"email": "kept@example.com", "sms_consent_status": "opted_in"},
+        {"email": "moves@example.com", "phone": "+14155550100"},
+        {"email": "out@example.com", "phone": "+14155550100",
+         "sms_consent_status": "opted_out", "sms_consent_source": "paper form"},
+        {"email": "other@example.com", "phone": "+14155550101",
+         "sms_consent_status": "opted_in"},
+    ])
+    assert (report["created"], report["updated"]) == (3, 1)
+    reasons = rejections(report)
+    assert sorted(reasons) == [2, 3]
+    for row in (2, 3):
+        assert reasons[row].startswith("sms_consent_status: the number replied STOP ("), reasons
+    assert_error(await client.get("/contacts/in@example.com"), 404, "NOT_FOUND")
+    stop_at = stop["sms_opted_out_at"]
+    for email in ("new@example.com", "kept@example.com", "moves@example.com"):
+        contact = ok(await client.get(f"/contacts/{email}"))
+        assert (contact["sms_consent_status"], contact["sms_consent_source"]) == (
+            "opted_out", "keyword"), email
+        assert contact["sms_consent_updated_at"] == stop_at, email
+    out = ok(await client.get("/contacts/out@example.com"))
+    assert (out["sms_consent_status"], out["sms_consent_source"]) == ("opted_out", "paper form")
+    other = ok(await client.get("/contacts/other@example.com"))
+    assert other["sms_consent_status"] == "opted_in"
+
+
 async def test_emails_are_matched_as_the_database_folds_case(
     client: httpx.AsyncClient, service: Service
 ) -> None:

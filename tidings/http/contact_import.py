@@ -22,6 +22,7 @@ import asyncpg
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
+from tidings.http.contacts import stop_reason
 from tidings.http.envelope import bad_request, not_found
 from tidings.http.import_rows import MAX_ROWS, ImportContact, Parsed, Rejection, parse_body
 from tidings.http.routing import Call, RawBody, Routes
@@ -149,7 +150,7 @@ async def import_contacts(call: Call, query: ImportQuery, raw_body: RawBody) -> 
             if attempt == DEADLOCK_ATTEMPTS:
                 raise
     rejected = parsed.rejected
-    if result.contended or result.gone:
+    if result.contended or result.gone or result.stopped:
         emails = {row.row: row.email for row in parsed.rows}
         rejected = rejected + [
             Rejection(row=row, email=emails[row],
@@ -159,6 +160,9 @@ async def import_contacts(call: Call, query: ImportQuery, raw_body: RawBody) -> 
             Rejection(row=row, email=emails[row],
                       reason=f"properties.{key}: its definition was deleted meanwhile")
             for row, key in result.gone.items()
+        ] + [
+            Rejection(row=row, email=emails[row], reason=stop_reason(at))
+            for row, at in result.stopped.items()
         ]
     return ImportOut(
         rows=parsed.total,

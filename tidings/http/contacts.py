@@ -208,12 +208,15 @@ def gone(error: store.PropertyGone) -> ApiError:
     return unprocessable(str(FieldError(field, "its definition was deleted meanwhile")))
 
 
+def stop_reason(at: datetime) -> str:
+    """Why a number whose STOP stands cannot be ``opted_in`` (``docs/sms.md``, Consent)."""
+    return (f"sms_consent_status: the number replied STOP ({rfc3339(at)}); "
+            "it is opted in again when it replies START")
+
+
 def stop_stands(error: store.StopStands) -> ApiError:
-    """409 for ``opted_in`` on a number whose STOP stands (``docs/sms.md``, Consent)."""
-    return conflict(
-        f"sms_consent_status: the number replied STOP ({rfc3339(error.at)}); "
-        "it is opted in again when it replies START"
-    )
+    """409 for ``opted_in`` on a number whose STOP stands."""
+    return conflict(stop_reason(error.at))
 
 
 def out(contact: store.Contact) -> ContactOut:

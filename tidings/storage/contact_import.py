@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 from tidings.storage.connection import Connection, returned
@@ -48,9 +49,30 @@ WITH input AS MATERIALIZED (
 ), gone AS (
     SELECT coalesce(array_agg(key), '{}') AS keys
     FROM used WHERE key NOT IN (SELECT key FROM defined)
+), stops AS MATERIALIZED (
+    SELECT address, max(sms_opted_out_at) AS at FROM suppressions
+    WHERE team_id = $1 AND sms_opted_out_at IS NOT NULL
+    GROUP BY address
+), stopped AS (
+    SELECT i.row_no, st.at FROM input i JOIN stops st ON st.address = i.normalized_phone
+    UNION ALL
+    SELECT i.row_no, st.at
+    FROM input i
+    JOIN contacts c ON c.team_id = $1 AND lower(c.email) = lower(i.email)
+    JOIN stops st ON st.address = c.normalized_phone
+    WHERE i.normalized_phone IS NULL
 ), storable AS (
-    SELECT * FROM input
-    WHERE properties IS NULL OR NOT properties ?| (SELECT keys FROM gone)
+    SELECT i.row_no, i.email, i.phone, i.normalized_phone, i.phone_country, i.first_name,
+           i.last_name, i.unsubscribed,
+           CASE WHEN st.at IS NOT NULL THEN 'opted_out' ELSE i.consent END AS consent,
+           CASE WHEN st.at IS NOT NULL AND i.consent IS DISTINCT FROM 'opted_out'
+                THEN 'keyword' ELSE i.consent_source END AS consent_source,
+           CASE WHEN st.at IS NOT NULL AND i.consent IS DISTINCT FROM 'opted_out'
+                THEN st.at ELSE now() END AS consent_at,
+           i.properties
+    FROM input i LEFT JOIN stopped st ON st.row_no = i.row_no
+    WHERE (i.properties IS NULL OR NOT i.properties ?| (SELECT keys FROM gone))
+      AND NOT (st.at IS NOT NULL AND i.consent IS NOT DISTINCT FROM 'opted_in')
 ), existing AS (
     SELECT c.id AS contact_id, i.*
     FROM contacts c JOIN storable i ON lower(c.email) = lower(i.email)
@@ -68,7 +90,7 @@ WITH input AS MATERIALIZED (
         last_name = COALESCE(i.last_name, c.last_name),
         unsubscribed = COALESCE(i.unsubscribed, c.unsubscribed),
         sms_consent_status = COALESCE(i.consent, c.sms_consent_status),
-        sms_consent_updated_at = CASE WHEN i.consent <> c.sms_consent_status THEN now()
+        sms_consent_updated_at = CASE WHEN i.consent <> c.sms_consent_status THEN i.consent_at
                                       ELSE c.sms_consent_updated_at END,
         sms_consent_source = CASE WHEN i.consent <> c.sms_consent_status THEN i.consent_source
                                   ELSE c.sms_consent_source END,
@@ -84,7 +106,7 @@ WITH input AS MATERIALIZED (
                           sms_consent_source, properties)
     SELECT $1, i.email, i.phone, i.normalized_phone, i.phone_country, i.first_name,
            i.last_name, COALESCE(i.unsubscribed, false), COALESCE(i.consent, 'unknown'),
-           CASE WHEN i.consent IS NULL THEN NULL ELSE now() END,
+           CASE WHEN i.consent IS NULL THEN NULL ELSE i.consent_at END,
            CASE WHEN i.consent IS NULL THEN NULL ELSE i.consent_source END,
            COALESCE(i.properties, '{}'::jsonb)
     FROM storable i
@@ -114,7 +136,11 @@ SELECT ARRAY(SELECT i.row_no FROM inserted JOIN input i ON lower(i.email) = inse
        ARRAY(SELECT row_no FROM updated) AS updated,
        (SELECT count(*) FROM members) AS added,
        ARRAY(SELECT row_no FROM refused ORDER BY row_no) AS gone_rows,
-       ARRAY(SELECT key FROM refused ORDER BY row_no) AS gone_keys
+       ARRAY(SELECT key FROM refused ORDER BY row_no) AS gone_keys,
+       ARRAY(SELECT i.row_no FROM input i JOIN stopped st ON st.row_no = i.row_no
+             WHERE i.consent = 'opted_in' ORDER BY i.row_no) AS stopped_rows,
+       ARRAY(SELECT st.at FROM input i JOIN stopped st ON st.row_no = i.row_no
+             WHERE i.consent = 'opted_in' ORDER BY i.row_no) AS stopped_at
 """
 
 # Each email as the unique index compares it, in the order given.
@@ -165,6 +191,9 @@ class ImportResult:
     # Rows not stored because the definition of a key they set was deleted
     # meanwhile: the row's number and that key.
     gone: dict[int, str]
+    # Rows not stored because they opt in a number whose STOP stands: the
+    # row's number and when the number replied STOP.
+    stopped: dict[int, datetime]
 
 
 async def import_contacts(
@@ -185,9 +214,10 @@ async def import_contacts(
     """
     created = updated = added = 0
     gone: dict[int, str] = {}
+    stopped: dict[int, datetime] = {}
     pending = rows
     if not pending:
-        return ImportResult(0, 0, 0, [], {})
+        return ImportResult(0, 0, 0, [], {}, {})
     # A statement of its own, not the connection's cached one: PostgreSQL
     # plans a fresh statement for the rows it is given, where a cached one
     # would soon get a generic plan, made for arrays of unknown length and
@@ -220,6 +250,7 @@ async def import_contacts(
         updated += len(updated_rows)
         added += record["added"]
         gone.update(zip(record["gone_rows"], record["gone_keys"], strict=True))
-        done = inserted_rows | updated_rows | set(record["gone_rows"])
+        stopped.update(zip(record["stopped_rows"], record["stopped_at"], strict=True))
+        done = inserted_rows | updated_rows | set(record["gone_rows"]) | set(record["stopped_rows"])
         pending = [r for r in pending if r.row not in done]
-    return ImportResult(created, updated, added, [r.row for r in pending], gone)
+    return ImportResult(created, updated, added, [r.row for r in pending], gone, stopped)
