@@ -84,6 +84,22 @@ async def test_dsn_bounces_and_suppresses(
     assert "User unknown" in str(bounced[0])
     assert any(e["type"] == "delivery_delayed" for e in found)
     assert await suppressions(client) == {"gone@example.org": "bounce"}
+    # slow@ was delivered already: its delay is old news and the bounce stands.
+    assert ok(await client.get(f"/emails/{email_id}"))["status"] == "bounced"
+
+
+async def test_a_delay_reported_after_the_delivery_leaves_the_status(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    email_id, message_id = await delivered_email(client, service, "slow@example.org")
+    answer = ok(await post_report(http, report("postfix_bounce.eml", message_id)))
+    assert [(r["recipient"], r["outcome"], r["recorded"]) for r in answer["reports"]] == [
+        ("gone@example.org", "bounced", False), ("slow@example.org", "delivery_delayed", True)
+    ]
+    assert [e["type"] for e in await events(client, email_id)][:2] == [
+        "delivery_delayed", "delivered"
+    ]
+    assert ok(await client.get(f"/emails/{email_id}"))["status"] == "delivered"
 
 
 async def test_a_dsn_without_the_original_is_matched_by_the_return_path_it_came_to(

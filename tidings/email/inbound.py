@@ -15,7 +15,7 @@ from typing import Any
 from tidings.addresses import normalize_address
 from tidings.email.reports import Report, parse_report
 from tidings.fields import FieldError
-from tidings.storage.emails_sending import Outcome, SentEmail, record_outcomes, sent_email
+from tidings.storage.email_outcomes import Outcome, SentEmail, record_outcomes, sent_email
 
 PROVIDER = "smtp"
 

@@ -27,15 +27,13 @@ from typing import Any
 from uuid import UUID
 
 from tidings.storage.connection import Connection
-from tidings.storage.emails import DUE_CHANNEL, Change, Clock, event_data, record_changes
+from tidings.storage.email_outcomes import Outcome, record_outcomes, suppressions_of
+from tidings.storage.emails import DUE_CHANNEL, Change, event_data, record_changes
 from tidings.storage.leases import keys_of, lease_sql, owners_of
-from tidings.storage.suppressions import Reason, suppress_emails
+from tidings.storage.suppressions import suppress_emails
 from tidings.storage.topics import not_opted_in
 
 __all__ = ["DUE_CHANNEL"]
-
-# Outcomes that put the address on the team's suppression list.
-SUPPRESSING: dict[str, Reason] = {"bounced": "bounce", "complained": "complaint"}
 
 LEASES = lease_sql(
     "emails",
@@ -103,41 +101,6 @@ FOLLOWUP_DUE_IN = "SELECT extract(epoch FROM min(due_at) - now())::float8 FROM e
 # The emails outcomes are about, locked (in one order, so that two writers
 # cannot deadlock) until the transaction ends: outcomes of one email are
 # recorded one writer after the other, and each sees what the last recorded.
-EMAILS_OF = """
-SELECT id, team_id, from_address, to_addresses, subject, broadcast_id FROM emails
-WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-"""
-
-# Which outcomes ($1-$3: email, recipient, type) are new: the first of each
-# (email, recipient by lower(), type), unless the email has that event for
-# that recipient already. Their ordinals (from 1). Read after EMAILS_OF has
-# locked the emails, so a writer that came first has committed its events.
-NEW_OUTCOMES = """
-SELECT DISTINCT ON (o.email_id, lower(o.recipient), o.type) o.i
-FROM unnest($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY AS o(email_id, recipient, type, i)
-WHERE NOT EXISTS (SELECT 1 FROM email_events ev
-                  WHERE ev.email_id = o.email_id AND ev.type = o.type
-                    AND lower(ev.recipient) = lower(o.recipient))
-ORDER BY o.email_id, lower(o.recipient), o.type, o.i
-"""
-
-# Status moves to an outcome's type unless a later event is recorded already.
-UPDATE_STATUS = """
-UPDATE emails t SET status = r.status, status_at = r.at, updated_at = greatest(now(), r.at)
-FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS r(id, status, at)
-WHERE t.id = r.id AND t.status_at <= r.at
-"""
-
-# The email sent with a Message-ID, and the recipients it was handed over
-# for (a `sent` event each): the only ones a later report can be about.
-SENT_BY_SMTP_MESSAGE_ID = """
-SELECT e.id, array_remove(array_agg(ev.recipient), NULL) AS recipients
-FROM emails e LEFT JOIN email_events ev ON ev.email_id = e.id AND ev.type = 'sent'
-WHERE e.smtp_message_id = $1
-GROUP BY e.id
-"""
-
-
 @dataclass(frozen=True)
 class Claimed:
     """A due email, leased for one attempt."""
@@ -208,19 +171,6 @@ class Attempted:
     followups: list[Followup] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What happened to one recipient of an email (a report, a followup)."""
-
-    email_id: UUID
-    recipient: str
-    type: str
-    provider: str | None
-    code: str | None = None
-    message: str | None = None
-    occurred_at: datetime | None = None
-
-
 async def due_teams(conn: Connection, limit: int) -> list[UUID]:
     return owners_of(await conn.fetch(LEASES.due_owners, limit))
 
@@ -247,14 +197,6 @@ async def renew(
 
 async def release(conn: Connection, ids: Sequence[UUID], owner: UUID) -> None:
     await conn.execute(LEASES.release, list(ids), owner)
-
-
-def _suppressions(changes: Sequence[Change]) -> list[tuple[UUID, str, Reason, UUID | None]]:
-    return [
-        (c.team_id, c.recipient, SUPPRESSING[c.type], c.email_id)
-        for c in changes
-        if c.type in SUPPRESSING and c.recipient is not None
-    ]
 
 
 async def record_attempts(conn: Connection, owner: UUID, done: Sequence[Attempted]) -> int:
@@ -288,95 +230,8 @@ async def record_attempts(conn: Connection, owner: UUID, done: Sequence[Attempte
                 [f.code for f in followups],
                 [f.message for f in followups],
             )
-        await suppress_emails(conn, _suppressions(changes))
+        await suppress_emails(conn, suppressions_of(changes))
     return len(kept)
-
-
-async def record_outcomes(conn: Connection, outcomes: Sequence[Outcome]) -> list[bool]:
-    """Record what happened to recipients of emails, whatever reported it:
-    events, status, and a suppression for a bounce or a complaint; whether
-    each outcome was recorded, in order. An outcome is recorded once per
-    email, recipient (any case) and type: one the email has an event of for
-    that recipient already (a report repeated, the sandbox's outcome then the
-    relay's report of it), or one given twice, is skipped, as are outcomes of
-    emails that do not exist. A complaint after a bounce is a new outcome.
-    Run it inside a transaction: the emails stay locked until it ends."""
-    if not outcomes:
-        return []
-    rows = await conn.fetch(EMAILS_OF, list({o.email_id for o in outcomes}))
-    emails = {row["id"]: row for row in rows}
-    fresh = {
-        row["i"] - 1
-        for row in await conn.fetch(
-            NEW_OUTCOMES,
-            [o.email_id for o in outcomes],
-            [o.recipient for o in outcomes],
-            [o.type for o in outcomes],
-        )
-    }
-    recorded = [i in fresh and o.email_id in emails for i, o in enumerate(outcomes)]
-    clock = Clock()
-    changes = []
-    for o, new in zip(outcomes, recorded, strict=True):
-        if not new:
-            continue
-        email = emails[o.email_id]
-        broadcast_id = email["broadcast_id"] and str(email["broadcast_id"])
-        data = event_data(email["id"], email["from_address"], email["to_addresses"],
-                          email["subject"], code=o.code, message=o.message,
-                          broadcast_id=broadcast_id)
-        changes.append(Change(
-            o.email_id, email["team_id"], o.type, o.recipient, o.occurred_at or clock.tick(),
-            o.provider, data, code=o.code, message=o.message,
-        ))
-    last: dict[UUID, Change] = {}
-    for change in changes:
-        if change.email_id not in last or last[change.email_id].occurred_at <= change.occurred_at:
-            last[change.email_id] = change
-    if last:
-        await conn.execute(
-            UPDATE_STATUS,
-            list(last),
-            [c.type for c in last.values()],
-            [c.occurred_at for c in last.values()],
-        )
-    await record_changes(conn, changes)
-    await suppress_emails(conn, _suppressions(changes))
-    return recorded
-
-
-async def record_outcome(
-    conn: Connection,
-    email_id: UUID,
-    recipient: str,
-    type: str,
-    *,
-    provider: str | None,
-    code: str | None = None,
-    message: str | None = None,
-) -> bool:
-    """Record one recipient's outcome (a delivery or abuse report's); False if
-    there is no such email or the outcome is recorded for that recipient
-    already. Run it inside a transaction."""
-    outcome = Outcome(email_id, recipient, type, provider, code, message)
-    return (await record_outcomes(conn, [outcome]))[0]
-
-
-@dataclass(frozen=True)
-class SentEmail:
-    """An email as a later report sees it: the recipients it was sent to, by
-    their address in lower case."""
-
-    id: UUID
-    sent_to: dict[str, str]
-
-
-async def sent_email(conn: Connection, message_id: str) -> SentEmail | None:
-    """The email sent with this ``Message-ID`` (``<...@domain>``), if any."""
-    row = await conn.fetchrow(SENT_BY_SMTP_MESSAGE_ID, message_id.strip())
-    if row is None:
-        return None
-    return SentEmail(row["id"], {address.lower(): address for address in row["recipients"]})
 
 
 async def record_due_followups(conn: Connection, limit: int) -> tuple[int, float | None]:
