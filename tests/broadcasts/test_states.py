@@ -65,6 +65,10 @@ async def test_past_schedule_is_422_and_draft_cancel_is_409(
         f"/broadcasts/{bid}/send", json={"scheduled_at": "2099-01-01T00:00:00"}
     )
     assert_error(naive, 400, "BAD_REQUEST")
+    # The last microsecond a date can hold would be stored as PostgreSQL's infinity.
+    for last in ("9999-12-31T23:59:59.999999Z", "9999-12-31T23:59:59.999999999+00:00"):
+        infinite = await client.post(f"/broadcasts/{bid}/send", json={"scheduled_at": last})
+        assert "scheduled_at: is out of range" in assert_error(infinite, 400, "BAD_REQUEST")
     assert_error(await client.post(f"/broadcasts/{bid}/cancel"), 409, "CONFLICT")
     assert ok(await client.get(f"/broadcasts/{bid}"))["revision"] == 1
 

@@ -142,6 +142,9 @@ async def test_a_start_finer_than_microseconds_excludes_what_came_before(
         # Moments a datetime cannot hold once their offset is applied.
         {"start_date": "0001-01-01T00:00:00+14:00"},
         {"end_date": "9999-12-31T23:59:59-12:00"},
+        # The first and last microsecond: the driver's -infinity and infinity.
+        {"start_date": "0001-01-01T00:00:00Z"},
+        {"end_date": "9999-12-31T23:59:59.999999Z"},
     ],
 )
 async def test_bad_dates_are_400(four: httpx.AsyncClient, params: dict[str, str]) -> None:

@@ -188,7 +188,10 @@ async def test_metadata_with_a_number_json_cannot_hold_is_400(
     assert "metadata" in assert_error(response, 400, "BAD_REQUEST")
 
 
-@pytest.mark.parametrize("moment", ["1700000000", "2026-11-23", "9999-12-31T23:59:59-12:00"])
+@pytest.mark.parametrize("moment", [
+    "1700000000", "2026-11-23", "9999-12-31T23:59:59-12:00", "9999-12-31T23:59:59.999999Z",
+    "0001-01-01T00:00:00Z",
+])
 async def test_scheduled_at_must_be_an_rfc_3339_date_time(
     sms_client: httpx.AsyncClient, moment: str
 ) -> None:

@@ -68,6 +68,9 @@ _DATE_TIME = re.compile(
 _SPACED_OFFSET = re.compile(r"^(\S+T\S+) (\d{2}:?\d{2})$")
 
 
+_INFINITIES = (datetime.min, datetime.max)
+
+
 def moment(value: Any) -> datetime:
     """An RFC 3339 date-time (a ``datetime`` as it is), or ValueError: no
     Unix times, no bare dates, nothing outside the years 1 to 9999 once
@@ -87,12 +90,18 @@ def moment(value: Any) -> datetime:
     text = f"{day}T{time}.{(fraction or '0')[:6]:0<6}{zone}"
     try:
         parsed = datetime.fromisoformat(text)
-        if parsed.tzinfo is not None:
-            parsed.astimezone(UTC)
+        utc = parsed.astimezone(UTC) if parsed.tzinfo is not None else parsed
     except OverflowError:
         raise ValueError("is out of range: the moment falls outside years 1 to 9999") from None
     except ValueError:
         raise ValueError(f"{value!r} is not a valid date and time") from None
+    if utc.replace(tzinfo=None) in _INFINITIES:
+        # The driver writes these two as PostgreSQL's infinity and -infinity,
+        # which would come back as neither the moment given nor RFC 3339.
+        raise ValueError(
+            "is out of range: the moment must be after 0001-01-01T00:00:00Z and "
+            "before 9999-12-31T23:59:59.999999Z"
+        )
     return parsed
 
 
