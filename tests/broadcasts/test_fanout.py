@@ -191,9 +191,12 @@ async def test_give_up_marks_failed(service: Service, client: httpx.AsyncClient,
     ok(await client.post(f"/broadcasts/{bid}/send"))
     supervisor = service.broadcasts.fanout
     assert supervisor is not None and supervisor.work.on_give_up is not None
-    await supervisor.work.on_give_up(UUID(bid), RuntimeError("boom"))
+    await supervisor.work.on_give_up(UUID(bid), RuntimeError("boom at db.internal:5432"))
     failed = ok(await client.get(f"/broadcasts/{bid}"))
-    assert failed["status"] == "failed" and "boom" in failed["failure_reason"]
+    assert failed["status"] == "failed"
+    # The team is told it failed, not the internal error.
+    assert "internal error" in failed["failure_reason"]
+    assert "boom" not in failed["failure_reason"] and "Runtime" not in failed["failure_reason"]
     assert await service.db.run(fanout.fail, uuid4(), "none") is None
 
 

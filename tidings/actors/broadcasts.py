@@ -218,8 +218,12 @@ def start_broadcasts(
     broadcasts = Broadcasts(db, config, emails)
 
     async def give_up(broadcast_id: UUID, error: Exception) -> None:
+        # The team sees that it failed, not the internal error: the log has it.
+        log.error("broadcast %s: the fanout failed repeatedly, last with %s: %s",
+                  broadcast_id, type(error).__name__, error)
         await broadcasts.fail(
-            broadcast_id, f"the fanout failed repeatedly: {type(error).__name__}: {error}"
+            broadcast_id, "the fanout failed repeatedly with an internal error; "
+            "the service's log names it"
         )
 
     broadcasts.fanout = runtime.due(
