@@ -59,6 +59,11 @@ async def test_checks_of_what_a_broadcast_refers_to(
         "/broadcasts", json=draft(audience, from_email="a@other.example")
     )
     assert "verified" in assert_error(unverified, 422, "UNPROCESSABLE_ENTITY")
+    # No address at all is malformed (400), as in every other route.
+    for field in ("from_email", "reply_to_email"):
+        body = draft(audience, **{field: "not an email"})
+        malformed = await client.post("/broadcasts", json=body)
+        assert assert_error(malformed, 400, "BAD_REQUEST").startswith(f"{field}:"), field
     segment = await client.post(
         "/broadcasts", json=draft(audience, segment_id="00000000-0000-4000-8000-000000000000")
     )

@@ -74,6 +74,15 @@ async def test_link_without_topic_unsubscribes_from_all_broadcasts(
     assert page.status_code == 200 and "no longer receive" in page.text
     assert ok(await client.get(f"/contacts/{audience.contacts['bob']}"))["unsubscribed"] is True
     assert ok(await http.post(bob))["unsubscribed"] is True  # twice is once
+    # The page goes to a client that names text/html (a browser's form post);
+    # JSON to one that refuses it (q=0), prefers JSON, or takes anything.
+    browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    for accept, html in ((browser, True), ("text/html;q=0, application/json", False),
+                         ("application/json, text/html;q=0.5", False), ("*/*", False)):
+        answer = await http.post(bob, headers={"Accept": accept})
+        assert answer.status_code == 200, accept
+        assert answer.headers["content-type"].startswith(
+            "text/html" if html else "application/json"), accept
 
 
 async def test_forged_or_altered_links_are_404(

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from tidings.addresses import MAX_ADDRESS_LENGTH, parse_address
 from tidings.fields import FieldError
-from tidings.http.envelope import conflict, not_found, unprocessable
+from tidings.http.envelope import bad_request, conflict, not_found, unprocessable
 from tidings.http.models import (
     NOT_EMPTY,
     UNCHANGED,
@@ -174,12 +174,13 @@ def _address(value: str | None, field: str) -> str | None:
         return None
     try:
         return parse_address(value, field)
-    except FieldError as error:
-        raise unprocessable(str(error)) from None
+    except FieldError as error:  # no address at all: malformed, not impossible
+        raise bad_request(str(error)) from None
 
 
 async def _checked(call: Call, content: Content) -> Content:
-    """The content with its addresses normalised, once its references hold:
+    """The content with its addresses normalised (400 for one that is no
+    address), once its references hold:
     404 for a segment or topic the team does not have, 422 for a sender off
     the team's verified domains or a placeholder nothing could fill."""
     from_email = _address(content.from_email, "from_email")

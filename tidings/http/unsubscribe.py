@@ -75,6 +75,15 @@ async def unsubscribe_page(service: Service, token: str) -> Response:
     )
 
 
+def _wants_html() -> bool:
+    """Whether the client names ``text/html`` in its Accept header (a browser's
+    form post does), with a quality above 0 and not below JSON's. ``*/*``
+    alone (curl, mail clients' one-click POST) gets JSON."""
+    accept = request.accept_mimetypes
+    named = any(value.lower() == "text/html" and quality > 0 for value, quality in accept)
+    return named and accept.quality("text/html") >= accept.quality("application/json")
+
+
 @routes.route(
     "POST", "/unsubscribe/{token}", summary="Unsubscribe (one-click, RFC 8058)",
     public=True, path_types=TOKEN,
@@ -85,7 +94,7 @@ async def unsubscribe_page(service: Service, token: str) -> Response:
 async def unsubscribe(service: Service, token: str) -> Response:
     found = await _verified(service, token)
     await service.db.run(store.unsubscribe, found.team_id, found.contact_id, found.topic_id)
-    if "text/html" in request.headers.get("Accept", ""):
+    if _wants_html():
         what = html.escape(await _what(service, found))
         return _page("Unsubscribed", f"<p>You will no longer receive {what}.</p>")
     return json_response(200, success_body({
