@@ -134,6 +134,7 @@ async def test_rejected_rows_are_reported_and_the_rest_go_in(client: httpx.Async
         assert start in reasons[row], (row, reasons[row])
     by_row = {r["row"]: r["email"] for r in report["rejected"]}
     assert by_row[2] == "not-an-email" and by_row[3] is None and by_row[8] == "OK1@example.com"
+    assert by_row[11] == "ok8@example.com"
     assert ok(await client.get("/contacts/existing@example.com"))["first_name"] == "New"
     assert_error(await client.get("/contacts/ok2@example.com"), 404, "NOT_FOUND")
 
@@ -174,6 +175,24 @@ async def test_an_import_cannot_opt_in_a_number_whose_stop_stands(
     assert (out["sms_consent_status"], out["sms_consent_source"]) == ("opted_out", "paper form")
     other = ok(await client.get("/contacts/other@example.com"))
     assert other["sms_consent_status"] == "opted_in"
+
+
+async def test_a_consent_source_without_a_status_is_rejected_as_by_post(
+    client: httpx.AsyncClient
+) -> None:
+    body = [
+        {"email": "a@example.com", "sms_consent_source": "signup form"},
+        {"email": "b@example.com", "sms_consent_status": "unknown", "sms_consent_source": "x"},
+        {"email": "c@example.com", "sms_consent_status": "opted_in", "sms_consent_source": "x"},
+    ]
+    report = await import_json(client, body)
+    expected = "sms_consent_source: is only accepted with an sms_consent_status other than unknown"
+    assert rejections(report) == {1: expected, 2: expected}
+    assert report["created"] == 1
+    csv = "email,sms_consent_status,sms_consent_source\nd@example.com,,paper\n"
+    assert rejections(await import_csv(client, csv)) == {1: expected}
+    single = await client.post("/contacts", json=body[0])
+    assert "sms_consent_source" in assert_error(single, 400, "BAD_REQUEST")
 
 
 async def test_emails_are_matched_as_the_database_folds_case(

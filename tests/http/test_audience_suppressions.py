@@ -48,6 +48,10 @@ async def test_suppression_refusals(client: httpx.AsyncClient) -> None:
         ({"address": "a@example.com", "reason": "spam"}, "reason"),
         ({"address": "a@example.com", "source_message_id": "msg-1"}, "source_message_id"),
         ({"address": "a@example.com", "note": "x"}, "note"),
+        # A phone cannot bounce or complain; only a phone replies STOP.
+        ({"address": "a@example.com", "reason": "sms_opt_out"}, "reason"),
+        ({"address": "+14155550100", "reason": "bounce"}, "reason"),
+        ({"address": "+14155550100", "reason": "complaint"}, "reason"),
     ]
     for body, field in refusals:
         message = assert_error(await client.post("/suppressions", json=body), 400, "BAD_REQUEST")

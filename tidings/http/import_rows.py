@@ -119,7 +119,8 @@ class Checker:
             self.reject(row, None, "row: must be a JSON object")
             return
         if self.check_nul and has_nul(values):
-            self.reject(row, None, f"row: {NUL_REASON}")
+            email = values.get("email")
+            self.reject(row, None if has_nul(email) else email, f"row: {NUL_REASON}")
             return
         try:
             contact = ImportContact.model_validate(values)
@@ -133,6 +134,11 @@ class Checker:
             self.reject(row, contact.email, str(error))
             return
         consent = contact.sms_consent_status
+        if contact.sms_consent_source is not None and consent in (None, "unknown"):
+            # As POST /contacts: the source describes a change of status.
+            self.reject(row, contact.email, "sms_consent_source: is only accepted with an "
+                        "sms_consent_status other than unknown")
+            return
         self.rows.append(
             store.ImportRow(
                 row=row,

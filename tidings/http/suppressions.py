@@ -65,6 +65,11 @@ class SuppressionQuery(ListQuery):
     )
 
 
+# Reasons that only one kind of address can have: a phone cannot bounce or
+# complain, and only a phone replies STOP.
+ONLY_FOR: dict[str, Kind] = {"bounce": "email", "complaint": "email", "sms_opt_out": "phone"}
+
+
 def stored_address(address: str) -> tuple[str, Kind]:
     """The stored form of an address and its kind; 400 naming ``address``."""
     if "@" in address:
@@ -86,6 +91,9 @@ def stored_address(address: str) -> tuple[str, Kind]:
 )
 async def create_suppression(call: Call, body: CreateSuppression) -> SuppressionOut:
     address, kind = stored_address(body.address)
+    if body.reason in ONLY_FOR and ONLY_FOR[body.reason] != kind:
+        raise bad_request(f"reason: {body.reason} is only for an "
+                          f"{'email address' if kind == 'phone' else 'phone number'}")
     created = await store.create_suppression(
         call.conn, call.team_id, address, kind, body.reason, body.source_message_id
     )
