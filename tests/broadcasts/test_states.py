@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+from uuid import UUID
 
 import httpx
 import trio
@@ -12,6 +14,7 @@ from tests.broadcasts.helpers import hold, wait_status
 from tests.conftest import assert_error
 from tests.email.helpers import ok
 from tidings.service import Service
+from tidings.storage import broadcasts
 
 
 def later(seconds: float) -> str:
@@ -152,3 +155,41 @@ async def test_concurrent_patches_without_revision_each_apply(
     # With a revision, a stale one is still refused.
     stale = await client.patch(f"/broadcasts/{bid}", json={"name": "x", "revision": 1})
     assert "revision 1 is stale" in assert_error(stale, 409, "CONFLICT")
+
+
+class SendsInBetween:
+    """A connection on which a send of the broadcast, on another connection,
+    commits just after the first statement: a cancel racing a send."""
+
+    def __init__(self, conn: Any, other: Any, bid: UUID, team_id: UUID) -> None:
+        self._conn, self._other, self._bid, self._team_id = conn, other, bid, team_id
+        self.raced = False
+
+    async def fetchrow(self, query: str, *args: object) -> Any:
+        row = await self._conn.fetchrow(query, *args)
+        if not self.raced:
+            self.raced = True
+            scheduled = datetime.now(UTC) + timedelta(hours=1)
+            await broadcasts.send(self._other, self._team_id, self._bid, scheduled)
+        return row
+
+    async def fetchval(self, query: str, *args: object) -> Any:
+        return await self._conn.fetchval(query, *args)
+
+
+async def test_a_cancel_that_met_a_draft_a_send_then_scheduled_cancels_it(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    """The cancel's statement found a draft; a send committed before the cancel
+    looked again: the cancel applies to the scheduled broadcast rather than
+    being refused with a state that allows it."""
+    bid = await make(client, audience)
+    team_id = UUID(ok(await client.get(f"/broadcasts/{bid}"))["team_id"])
+    async with service.db.acquire() as conn, service.db.acquire() as other:
+        racing = SendsInBetween(conn, other, UUID(bid), team_id)
+        canceled = await broadcasts.cancel(cast(Any, racing), team_id, UUID(bid))
+    assert racing.raced and canceled is not None
+    assert (canceled.status, canceled.revision) == ("draft", 3)
+    # A move the state does not allow is still refused, naming the state.
+    refused = await client.post(f"/broadcasts/{bid}/cancel")
+    assert "the broadcast is draft" in assert_error(refused, 409, "CONFLICT")

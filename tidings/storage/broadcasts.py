@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from tidings.storage.connection import Row
 from tidings.storage.db import Connection
 
 # Every process LISTENs here; the payload is the id of a broadcast with fanout to do.
@@ -54,6 +55,7 @@ LIMIT $3 OFFSET $4
 """
 
 STATE = "SELECT status, revision FROM broadcasts WHERE team_id = $1 AND id = $2"
+STATE_ONLY = "SELECT status FROM broadcasts WHERE team_id = $1 AND id = $2"
 
 # $3 the revision the caller read (or gave); then the content columns.
 UPDATE_DRAFT = f"""
@@ -197,10 +199,29 @@ async def list_page(
     return [Broadcast.from_row(row) for row in rows]
 
 
-async def _refusal(conn: Connection, team_id: UUID, broadcast_id: UUID) -> WrongState | None:
-    """Why a conditional move found no row: WrongState, or None (no such broadcast)."""
-    row = await conn.fetchrow(STATE, team_id, broadcast_id)
-    return None if row is None else WrongState(row["status"])
+# A move whose statement found the broadcast in another state is tried again
+# when, read after it, the state allows the move: a concurrent move committed
+# in between (a send while this cancel ran), and the move is made on what is
+# there now rather than refused with a state that would have allowed it.
+MOVE_ATTEMPTS = 3
+
+
+async def _move(
+    conn: Connection, statement: str, team_id: UUID, broadcast_id: UUID, *args: object,
+    allowed: tuple[str, ...],
+) -> Row | None:
+    """Run a conditional move: its row, or None (no such broadcast). Raises WrongState."""
+    status = None
+    for _ in range(MOVE_ATTEMPTS):
+        row = await conn.fetchrow(statement, team_id, broadcast_id, *args)
+        if row is not None:
+            return row
+        status = await conn.fetchval(STATE_ONLY, team_id, broadcast_id)
+        if status is None:
+            return None
+        if status not in allowed:
+            break
+    raise WrongState(str(status))
 
 
 async def update_draft(
@@ -221,12 +242,8 @@ async def update_draft(
 
 async def delete_draft(conn: Connection, team_id: UUID, broadcast_id: UUID) -> bool:
     """Delete a draft; False: no such broadcast. Raises WrongState."""
-    if await conn.fetchval(DELETE_DRAFT, team_id, broadcast_id) is not None:
-        return True
-    refusal = await _refusal(conn, team_id, broadcast_id)
-    if refusal is not None:
-        raise refusal
-    return False
+    row = await _move(conn, DELETE_DRAFT, team_id, broadcast_id, allowed=("draft",))
+    return row is not None
 
 
 async def send(
@@ -234,24 +251,16 @@ async def send(
 ) -> Broadcast | None:
     """Draft → queued (no ``scheduled_at``) or scheduled; None: no such
     broadcast. Raises WrongState."""
-    row = await conn.fetchrow(SEND, team_id, broadcast_id, scheduled_at)
-    if row is not None:
-        return Broadcast.from_row({k: v for k, v in dict(row).items() if k != "pg_notify"})
-    refusal = await _refusal(conn, team_id, broadcast_id)
-    if refusal is not None:
-        raise refusal
-    return None
+    row = await _move(conn, SEND, team_id, broadcast_id, scheduled_at, allowed=("draft",))
+    if row is None:
+        return None
+    return Broadcast.from_row({k: v for k, v in dict(row).items() if k != "pg_notify"})
 
 
 async def cancel(conn: Connection, team_id: UUID, broadcast_id: UUID) -> Broadcast | None:
     """Scheduled → draft, queued → canceled; None: no such broadcast. Raises WrongState."""
-    row = await conn.fetchrow(CANCEL, team_id, broadcast_id)
-    if row is not None:
-        return Broadcast.from_row(row)
-    refusal = await _refusal(conn, team_id, broadcast_id)
-    if refusal is not None:
-        raise refusal
-    return None
+    row = await _move(conn, CANCEL, team_id, broadcast_id, allowed=("scheduled", "queued"))
+    return None if row is None else Broadcast.from_row(row)
 
 
 async def segment_exists(conn: Connection, team_id: UUID, segment_id: UUID) -> bool:
