@@ -77,3 +77,20 @@ async def test_an_email_is_not_updated_before_its_last_event(client: httpx.Async
     canceled = ok(await client.post(f"/emails/{scheduled}/cancel"))
     last = max(datetime.fromisoformat(e["occurred_at"]) for e in await events(client, scheduled))
     assert datetime.fromisoformat(canceled["updated_at"]) >= last
+
+
+async def test_events_about_the_whole_email_name_its_to_as_the_others_do(
+    client: httpx.AsyncClient
+) -> None:
+    """`recipient` (the webhook body's `to`) of a queued or scheduled event is
+    the bare address, as in the events about that recipient."""
+    email_id = await send(client, to="Bob <Bob2@Example.COM>")
+    with trio.fail_after(10):
+        while not any(e["type"] == "delivered" for e in await events(client, email_id)):
+            await trio.sleep(0.05)
+    by_type = {e["type"]: e["recipient"] for e in await events(client, email_id)}
+    assert by_type["queued"] == by_type["sent"] == by_type["delivered"] == "Bob2@example.com"
+    scheduled = await send(client, to=['"Doe, Jane" <jane@example.com>', "ada@example.com"],
+                           scheduled_at=later(hours=1))
+    [event] = await events(client, scheduled)
+    assert event["recipient"] == "jane@example.com, ada@example.com"

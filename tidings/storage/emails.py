@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from email.utils import getaddresses
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -204,8 +205,10 @@ def event_data(
 
 
 def recipients_text(addresses: Sequence[str]) -> str:
-    """The ``to`` of an event about a whole email: its recipients, comma-separated."""
-    return ", ".join(addresses)
+    """The ``to`` of an event about a whole email: its ``to`` addresses
+    without their display names, comma-separated, so that for one recipient
+    it reads as the events about that recipient do."""
+    return ", ".join(address for _, address in getaddresses(list(addresses)) if address)
 
 
 class Clock:
