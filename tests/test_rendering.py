@@ -138,7 +138,7 @@ def test_values_are_formatted_like_json() -> None:
     assert format_value(3) == "3"
     assert format_value(3.0) == "3"
     assert format_value(-0.5) == "-0.5"
-    assert format_value(1e20) == "1e+20"
+    assert format_value(1e20) == "100000000000000000000"
     assert format_value("x") == "x"
 
 

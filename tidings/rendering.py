@@ -10,7 +10,9 @@ substitutes each placeholder in the subject, the html and the text part:
   not declare is *unknown*. Any of these raises one ``RenderError`` that lists
   every offending key;
 - values go into the html HTML-escaped and into the text part as they are;
-  in the subject (a mail header) line breaks become spaces;
+  in the subject (a mail header) each line break becomes a space and every
+  other control character is removed (``one_line``), in the values and in
+  the subject's own text alike;
 - a version without a text part gets one derived from its html
   (``tidings.html_text``), with the values substituted raw;
 - a render whose subject, html and text together would exceed
@@ -36,6 +38,7 @@ from typing import Protocol
 
 from tidings.html_text import html_to_text
 from tidings.rendering_variables import (
+    CONTROL_CHARACTERS,
     KEY_PATTERN,
     MAX_KEY_LENGTH,
     MAX_RENDERED_BYTES,
@@ -52,9 +55,11 @@ from tidings.rendering_variables import (
     format_value,
     is_of_type,
     json_type,
+    one_line,
 )
 
 __all__ = [
+    "CONTROL_CHARACTERS",
     "CompiledTemplate",
     "Content",
     "KEY_PATTERN",
@@ -75,6 +80,7 @@ __all__ = [
     "format_value",
     "is_of_type",
     "json_type",
+    "one_line",
     "placeholders",
     "render",
     "utf8_length",
@@ -153,13 +159,19 @@ class _Part:
 
 def _compile_part(field: str, source: str, declared: frozenset[str]) -> _Part:
     """``source`` as a part whose placeholders are slots; TemplateError naming
-    ``field`` if one of them is not declared."""
+    ``field`` if one of them is not declared. The subject's fixed text is put
+    on one line too (a version stored before its subject was checked for
+    control characters may hold some): after the split, so that removing a
+    character never makes a placeholder."""
     keys = placeholders(source)
     undeclared = [key for key in dict.fromkeys(keys) if key not in declared]
     if undeclared:
         shown = ", ".join("{{{" + key + "}}}" for key in undeclared)
         raise TemplateError(field, f"placeholders of undeclared variables: {shown}")
-    return _Part.of(_PLACEHOLDER.split(source)[::2], keys)
+    pieces = _PLACEHOLDER.split(source)[::2]
+    if field == "subject":
+        pieces = [one_line(piece) for piece in pieces]
+    return _Part.of(pieces, keys)
 
 
 # Placeholders of the html stand in the derived text as characters of the
@@ -241,7 +253,7 @@ class CompiledTemplate:
         """The version with ``supplied`` values. Raises RenderError, and
         RenderTooLarge before any substitution if the result would be too large."""
         values = self.resolve(supplied)
-        subject_values = {key: _one_line(values[key]) for key in self._subject.counts}
+        subject_values = {key: one_line(values[key]) for key in self._subject.counts}
         html_values = {key: html_lib.escape(values[key]) for key in self._html.counts}
         size = (
             self._fixed_bytes
@@ -256,12 +268,6 @@ class CompiledTemplate:
             html=self._html.fill(html_values),
             text=self._text.fill(values),
         )
-
-
-def _one_line(value: str) -> str:
-    if "\n" in value or "\r" in value:
-        return value.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
-    return value
 
 
 CacheKey = tuple[str, str, str | None, tuple[Variable, ...]]

@@ -1,8 +1,11 @@
 """Template variables and their values, and the errors of compiling and rendering.
 
 The vocabulary ``tidings.rendering`` works with: a declared ``Variable``, how a
-value is checked against its type and written as text, and ``TemplateError``
-and ``RenderError``. Plain Python, no rendering here.
+value is checked against its type and written as text (``format_value``), what
+a subject cannot hold (``one_line``), and ``TemplateError`` and
+``RenderError``. Plain Python, no rendering here. The broadcast renderer
+(``tidings.storage.broadcasts_render``) writes values and subjects with the
+same two functions.
 """
 
 from __future__ import annotations
@@ -131,14 +134,65 @@ def is_of_type(value: object, kind: VariableType) -> bool:
 
 
 def format_value(value: Value) -> str:
-    """A value as text: booleans as ``true``/``false``, whole floats without ``.0``."""
+    """A value as text: the one way every renderer (templates, broadcasts)
+    writes one. Booleans are ``true``/``false``; numbers are plain decimal as
+    JavaScript's ``Number#toString`` writes them (the shortest digits that
+    read back as the same double: ``2.5``, ``0.1``, ``3.0`` is ``3``), except
+    that a whole number never takes an exponent (``1e16`` is
+    ``10000000000000000``, where JavaScript switches at 1e21); only a number
+    below 1e-6 in size does, as in JavaScript (``1e-7``, ``1.5e-10``). An
+    integer is written with all its digits."""
+    if isinstance(value, str):
+        return value
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float):
-        if value.is_integer() and abs(value) < 1e16:
-            return str(int(value))
-        return repr(value)
-    return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if value.is_integer() and abs(value) < 1e16:
+        return str(int(value))  # -0.0 too: "0", as in JavaScript
+    text = repr(value)
+    if "e" not in text:  # repr is plain decimal from 1e-4 to 1e16
+        return text
+    return _without_exponent(text)
+
+
+def _without_exponent(text: str) -> str:
+    """A finite double's ``repr`` in exponent form (``1.5e+16``, ``1e-07``) in
+    plain digits, or with JavaScript's exponent (``1e-7``) below 1e-6."""
+    sign, text = ("-", text[1:]) if text.startswith("-") else ("", text)
+    mantissa, _, exponent = text.partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    written = whole + fraction
+    digits = written.lstrip("0")
+    # The value is 0.<digits> x 10**point.
+    point = len(whole) + int(exponent) - (len(written) - len(digits))
+    digits = digits.rstrip("0")
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    if point > 0:
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    if point > -6:
+        return f"{sign}0.{'0' * -point}{digits}"
+    rest = "." + digits[1:] if len(digits) > 1 else ""
+    return f"{sign}{digits[0]}{rest}e-{1 - point}"
+
+
+# What a subject (a mail header) cannot hold (RFC 5322 §2.2): the C0 controls
+# but the tab, DEL, the C1 controls (NEL among them) and the line and paragraph
+# separators U+2028 and U+2029. The same characters POST /emails refuses in a
+# subject or a header value.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+# Those of them that end a line (as ``str.splitlines`` has it), CRLF as one.
+_LINE_BREAK = re.compile(r"\r\n|[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` as a subject may hold it: each line break (CR, LF, CRLF, VT,
+    FF, the separators U+001C to U+001E, NEL, U+2028, U+2029) becomes a space,
+    every other control character (``CONTROL_CHARACTERS``) is removed."""
+    if not CONTROL_CHARACTERS.search(text):
+        return text
+    return CONTROL_CHARACTERS.sub("", _LINE_BREAK.sub(" ", text))
 
 
 def check_variables(variables: Sequence[Variable]) -> None:

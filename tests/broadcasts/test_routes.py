@@ -59,6 +59,10 @@ async def test_checks_of_what_a_broadcast_refers_to(
         "/broadcasts", json=draft(audience, from_email="a@other.example")
     )
     assert "verified" in assert_error(unverified, 422, "UNPROCESSABLE_ENTITY")
+    for subject in ("a\nb", "a\u000bb", "a\u2028b", "a\u0085b"):
+        controlled = await client.post("/broadcasts", json=draft(audience, subject=subject))
+        message = assert_error(controlled, 400, "BAD_REQUEST")
+        assert "subject: control characters are not allowed" in message, subject
     # No address at all is malformed (400), as in every other route.
     for field in ("from_email", "reply_to_email"):
         body = draft(audience, **{field: "not an email"})

@@ -29,6 +29,7 @@ from tidings.http.models import (
 from tidings.http.paging import page
 from tidings.http.routing import Answer, Call, Routes
 from tidings.rendering import placeholders
+from tidings.rendering_variables import CONTROL_CHARACTERS
 from tidings.storage import broadcasts as store
 from tidings.storage import contact_properties as properties
 from tidings.storage.broadcasts import Content, StaleRevision, WrongState
@@ -52,14 +53,15 @@ REQUIRED = ("name", "segment_id", "from_email", "subject", "html")
 
 
 def _one_line(body: RequestBody) -> None:
-    """The fields that become message headers hold no line breaks (nor, for
-    the sender's name, any control character)."""
+    """The fields that become message headers hold no control character,
+    line breaks among them."""
     name: str | None = getattr(body, "from_name", None)
     if name is not None and any(ord(c) < 32 or c == "\x7f" for c in name):
         raise ValueError("from_name: control characters (line breaks among them) are not allowed")
     subject: str | None = getattr(body, "subject", None)
-    if subject is not None and ("\r" in subject or "\n" in subject):
-        raise ValueError("subject: must not contain line breaks")
+    if subject is not None and CONTROL_CHARACTERS.search(subject):
+        # As POST /emails and templates: line breaks among them.
+        raise ValueError("subject: control characters are not allowed")
 
 
 class CreateBroadcast(RequestBody):

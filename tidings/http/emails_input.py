@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from tidings.addresses import check_sendable, display, normalize_address, parse_mailbox
 from tidings.fields import FieldError
 from tidings.http.models import Moment, RequestBody
+from tidings.rendering_variables import CONTROL_CHARACTERS
 from tidings.storage.templates import TemplateRef
 
 MAX_RECIPIENTS = 50
@@ -38,7 +39,7 @@ REFUSED_PREFIXES = ("resent-", "content-", "x-tidings-")
 # RFC 5322 field name: printable ASCII without the colon.
 _HEADER_NAME = re.compile(r"[!-9;-~]{1,76}")
 # A header's text is printable characters, spaces and tabs (RFC 5322 §2.2).
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL = CONTROL_CHARACTERS
 _TAG_TEXT = r"^[A-Za-z0-9_-]+$"
 
 # A bare address with nothing a display name, quoting or a comment would need.

@@ -12,7 +12,14 @@ from tidings.addresses import parse_address
 from tidings.fields import FieldError
 from tidings.http.models import NOT_EMPTY, RequestBody, Resource, never_null
 from tidings.http.paging import Paging
-from tidings.rendering import KEY_PATTERN, MAX_KEY_LENGTH, MAX_VARIABLES, Variable, VariableType
+from tidings.rendering import (
+    CONTROL_CHARACTERS,
+    KEY_PATTERN,
+    MAX_KEY_LENGTH,
+    MAX_VARIABLES,
+    Variable,
+    VariableType,
+)
 from tidings.storage import templates as store
 
 Category = Literal["otp", "welcome", "receipt", "alert", "notification", "custom"]
@@ -62,8 +69,12 @@ def _email_address(value: str | None) -> str | None:
 
 
 def _one_line(value: str | None) -> str | None:
-    if value is not None and ("\n" in value or "\r" in value):
-        raise ValueError("must not contain line breaks")
+    """A subject is a mail header: the rules of POST /emails' ``subject``."""
+    if value is not None:
+        if "\n" in value or "\r" in value:
+            raise ValueError("must not contain line breaks")
+        if CONTROL_CHARACTERS.search(value):
+            raise ValueError("control characters are not allowed")
     return value
 
 

@@ -49,6 +49,8 @@ FOR KEY SHARE
 # not held). ``blocked``: the contact has, since the snapshot, unsubscribed,
 # opted out of the topic (or the topic is gone), lost its email or had it
 # suppressed; the snapshot's own test, made again when its email is made.
+# ``properties`` are JSON text, not ``->>``'s: the renderer writes a number
+# as templates do (``format_value``), which needs to know it is one.
 CLAIM_CHUNK = f"""
 WITH b AS ({_HELD}), chunk AS (
     SELECT k.chunk, k.contact_ids FROM broadcast_chunks k
@@ -58,7 +60,7 @@ WITH b AS ({_HELD}), chunk AS (
 )
 SELECT u.contact_id, c.email, c.first_name, c.last_name,
        CASE WHEN cardinality($3::text[]) > 0 THEN
-           ARRAY(SELECT c.properties ->> p.key
+           ARRAY(SELECT (c.properties -> p.key)::text
                  FROM unnest($3::text[]) WITH ORDINALITY AS p(key, n) ORDER BY p.n)
        END AS properties,
        (SELECT count(*) FROM b) AS held, chunk.chunk,

@@ -12,8 +12,13 @@ first of these that has a value:
 
 A placeholder with no value for a recipient means that recipient's email
 cannot be made: it counts in ``failed_count`` (bind the key to ``""`` to
-render it empty). Values go into the html escaped, into the subject on one
-line and into the text as they are, as ``tidings.rendering`` does.
+render it empty). Values are written as text by ``format_value`` and go into
+the html escaped, into the subject through ``one_line`` (the subject's own
+text too) and into the text as they are: the functions ``tidings.rendering``
+uses for templates, so both give the same subject and the same numbers.
+
+``preview_text`` is literal text (escaped, never a placeholder) in a hidden
+block put right after the html's ``<body>`` tag (``preheader_offset``).
 
 A part is its fixed pieces and the keys between them; a ``Renderer`` joins
 them with each recipient's values and signs its unsubscribe link, for a
@@ -24,13 +29,14 @@ recipients and stores what it made). This module is pure.
 from __future__ import annotations
 
 import html as html_lib
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from tidings.rendering import format_value, placeholders
+from tidings.rendering import format_value, one_line, placeholders
 from tidings.unsubscribe import TokenKey
 
 # The placeholder syntax of tidings.rendering.
@@ -55,16 +61,51 @@ class Part:
         assert keys == placeholders(source)
         return cls(split[::2], keys)
 
-    def prefixed(self, text: str) -> Part:
-        return Part([text + self.pieces[0], *self.pieces[1:]], self.keys)
+    def on_one_line(self) -> Part:
+        """The part with its fixed pieces as a subject holds them (``one_line``)."""
+        return Part([one_line(piece) for piece in self.pieces], self.keys)
+
+    def inserting(self, text: str, source: str, at: int) -> Part:
+        """This part (of ``source``) with fixed ``text`` at offset ``at`` of
+        the source, which must not be inside a placeholder."""
+        before, after = Part.of(source[:at]), Part.of(source[at:])
+        assert before.keys + after.keys == self.keys
+        joined = before.pieces[-1] + text + after.pieces[0]
+        return Part([*before.pieces[:-1], joined, *after.pieces[1:]], self.keys)
 
 
 def preheader(preview_text: str) -> str:
-    """The hidden block at the top of the html that inboxes show as the preview."""
+    """The hidden block that inboxes show as the preview: ``preview_text``
+    escaped, as literal text."""
     return (
         '<div style="display:none;max-height:0;overflow:hidden;mso-hide:all">'
         f"{html_lib.escape(preview_text)}</div>"
     )
+
+
+# Searched in the html with placeholders and comments blanked out, so that
+# neither a placeholder nor a commented-out tag (an Outlook conditional) counts.
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
+_BODY_TAG = re.compile(r"<body(?=[\s/>])[^>]*>", re.IGNORECASE)
+_HEAD_END = re.compile(r"</head\s*>", re.IGNORECASE)
+_DOCUMENT_START = re.compile(
+    r"(?:\s*(?:<!doctype[^>]*>|<html(?=[\s/>])[^>]*>))*", re.IGNORECASE
+)
+
+
+def preheader_offset(html: str) -> int:
+    """Where the preheader goes in ``html``, so that it is the first thing the
+    body shows and never comes before a doctype (which would put browsers in
+    quirks mode): right after the ``<body ...>`` tag; without one, after
+    ``</head>``; without that, after a leading doctype and ``<html ...>`` tag;
+    else at the very start."""
+    masked = _COMMENT.sub(lambda m: " " * len(m.group()), html)
+    masked = _PLACEHOLDER.sub(lambda m: "_" * len(m.group()), masked)
+    found = _BODY_TAG.search(masked) or _HEAD_END.search(masked)
+    if found is not None:
+        return found.end()
+    start = _DOCUMENT_START.match(masked)
+    return 0 if start is None else start.end()
 
 
 def keys_of(subject: str, html: str, text: str | None) -> list[str]:
@@ -109,21 +150,16 @@ class Plan:
     ) -> Plan:
         html_part = Part.of(html)
         if preview_text:
-            html_part = html_part.prefixed(preheader(preview_text))
+            html_part = html_part.inserting(preheader(preview_text), html, preheader_offset(html))
         defaults = {
             key: format_value(value) for key, value in property_fallbacks.items()
             if value is not None and not isinstance(value, (dict, list))
         }
         defaults.update(binding_text(bindings))
         return cls(
-            Part.of(subject), html_part, None if text is None else Part.of(text), defaults
+            Part.of(subject).on_one_line(), html_part, None if text is None else Part.of(text),
+            defaults,
         )
-
-
-def _one_line(value: str) -> str:
-    if "\n" in value or "\r" in value:
-        return value.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
-    return value
 
 
 @dataclass
@@ -157,7 +193,7 @@ class Renderer:
         self._link = link
         self._html_link = html_lib.escape(link)  # a token needs no escaping
         self._subject = _format(plan.subject), tuple(plan.subject.keys), {
-            k: _one_line(v) for k, v in plan.defaults.items()
+            k: one_line(v) for k, v in plan.defaults.items()
         }
         self._html = _format(plan.html), tuple(plan.html.keys), {
             k: html_lib.escape(v) for k, v in plan.defaults.items()
@@ -172,8 +208,9 @@ class Renderer:
         broadcast's defaults, as the module docstring says. A row is
         ``(contact_id, email, first_name, last_name, properties, ...)``,
         ``email`` None when the contact has none or was deleted since the
-        snapshot, ``properties`` the values of ``property_keys``."""
-        out, escape, unsubscribe = Rendered(), html_lib.escape, UNSUBSCRIBE_URL
+        snapshot, ``properties`` the values of ``property_keys`` as JSON
+        text (None when the contact has none)."""
+        out, escape, unsubscribe, loads = Rendered(), html_lib.escape, UNSUBSCRIBE_URL, json.loads
         subject_format, subject_keys, subject_defaults = self._subject
         html_format, html_keys, html_defaults = self._html
         property_keys, sign, link_start, html_link = (
@@ -189,14 +226,18 @@ class Renderer:
             if last_name is not None:
                 own["last_name"] = last_name
             if properties:
-                for name, value in zip(property_keys, properties, strict=True):
-                    if value is not None:
-                        own[name] = value
+                for name, written in zip(property_keys, properties, strict=True):
+                    if written is not None:
+                        value = loads(written)
+                        if type(value) is str:
+                            own[name] = value
+                        elif isinstance(value, (int, float)):  # booleans too
+                            own[name] = format_value(value)
             token = sign(contact_id)
             own[unsubscribe] = link_start + token
             try:
                 subject = subject_format % tuple([
-                    _one_line(own[k]) if k in own else subject_defaults[k] for k in subject_keys
+                    one_line(own[k]) if k in own else subject_defaults[k] for k in subject_keys
                 ])
                 html = html_format % tuple([
                     (html_link + token if k == unsubscribe else escape(own[k]))
