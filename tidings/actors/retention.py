@@ -49,7 +49,8 @@ def sweeps(config: Config) -> list[Sweep]:
         return await db.run(store.delete_idempotency_records, batch)
 
     async def events(db: Database) -> int:
-        return await db.run(store.delete_events, config.event_retention_seconds, batch)
+        return await db.run(store.delete_events, config.event_retention_seconds, batch,
+                            config.webhook_delivery_retention_seconds)
 
     async def deliveries(db: Database) -> int:
         return await db.run(

@@ -7,17 +7,20 @@ endpoint's id, and when its poll finds deliveries nobody announced. The
 actor is a :class:`~tidings.actors.duework.LeasedWorker` around an
 :class:`EndpointJob`: it claims the endpoint's due deliveries with a lease,
 posts them with at most ``webhook_concurrency`` in flight over its own
-connection pool, and records each attempt. A slow or dead endpoint ties up
-only its own actor.
+connection pool, and records each attempt (in batches shared by every
+endpoint, ``tidings/webhooks/recording.py``). A slow or dead endpoint ties
+up only its own actor. Once the process stops, attempts in flight get
+``STOP_SECONDS``; those cut short are given back, not recorded.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -26,7 +29,8 @@ from uuid import UUID, uuid4
 import httpx
 import trio
 
-from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
+from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker, Wake
+from tidings.actors.mailbox import Mailbox
 from tidings.actors.runtime import Runtime
 from tidings.config import Config
 from tidings.storage import webhook_delivery as store
@@ -41,6 +45,8 @@ from tidings.webhooks.client import (
     parse_target,
     request_bytes,
 )
+from tidings.webhooks.recording import Recorded, SharedRecorder
+from tidings.webhooks.recording import RecordFailed as RecordFailed  # raised by record
 from tidings.webhooks.safety import Guard
 from tidings.webhooks.signing import Signer
 
@@ -63,73 +69,12 @@ BACKLOG_SECONDS = 1.0
 
 # A claimed delivery, with where it goes.
 Item = tuple[store.Target, store.Claimed]
-# A finished attempt, ready to record.
-Recorded = tuple[store.Claimed, store.Outcome]
-# The longest one batch of attempts may take to write. Generous: a batch that
-# times out is handed back, and its deliveries are sent again.
-RECORD_SECONDS = 60.0
-
-
-class RecordFailed(Exception):
-    """A batch of attempts could not be written (see the cause)."""
-
-
-class _Gathering:
-    def __init__(self) -> None:
-        self.items: list[Recorded] = []
-        self.done = trio.Event()
-        self.error: BaseException | None = None
-
-
-class SharedRecorder:
-    """Writes the finished attempts of every endpoint actor of a process, together.
-
-    One batch is written at a time, in one statement; the attempts that
-    finish meanwhile, whichever endpoint they went to, gather and go in the
-    next batch. So the batches grow with the rate of deliveries, not with one
-    endpoint's. :meth:`record` returns once its attempts are written (raises
-    RecordFailed if that failed), as a single actor's record would.
-    """
-
-    def __init__(self, write: Callable[[list[Recorded]], Awaitable[None]]) -> None:
-        self._write = write
-        self._gathering = _Gathering()
-        self._writing = False
-        self._written = trio.Event()
-        self.batches = 0
-
-    async def record(self, items: Sequence[Recorded]) -> None:
-        gathering = self._gathering
-        gathering.items.extend(items)
-        try:
-            while self._writing and not gathering.done.is_set():
-                await self._written.wait()
-        except BaseException:
-            if gathering is self._gathering:  # not taken yet: take them back out
-                for item in items:
-                    gathering.items.remove(item)
-            raise
-        if not gathering.done.is_set():
-            await self._write_batch(gathering)
-        if gathering.error is not None:
-            raise RecordFailed("the attempts were not recorded") from gathering.error
-
-    async def _write_batch(self, gathering: _Gathering) -> None:
-        self._gathering = _Gathering()
-        self._writing = True
-        self._written = trio.Event()
-        try:
-            # Other actors' attempts are in this batch: finish it even if this
-            # actor is being stopped.
-            with trio.CancelScope(shield=True), trio.fail_after(RECORD_SECONDS):
-                await self._write(gathering.items)
-            self.batches += 1
-        except BaseException as error:
-            gathering.error = error
-        finally:
-            gathering.done.set()
-            self._writing = False
-            self._written.set()
+# Once the process stops, attempts in flight get this long to finish. One
+# still waiting for its receiver then is cut short: not recorded, and its
+# delivery given back for the next process to send.
+STOP_SECONDS = 5.0
+# The status of an attempt's outcome when it was cut short: never recorded.
+CUT_SHORT = "cut short"
 
 
 class Webhooks:
@@ -209,6 +154,15 @@ class EndpointJob:
         self._most_ahead = CLAIM_AHEAD * limit
         # How many deliveries a claim asks for now.
         self._ahead = self._most_ahead
+        # The attempts in flight, and when they are cut short (once stopping).
+        self._attempts: set[trio.CancelScope] = set()
+        self._stop_at = math.inf
+
+    def stop_within(self, seconds: float) -> None:
+        """Cut the attempts in flight short if they are not done in ``seconds``."""
+        self._stop_at = min(self._stop_at, trio.current_time() + seconds)
+        for attempt in self._attempts:
+            attempt.deadline = min(attempt.deadline, self._stop_at)
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[object]:
@@ -270,14 +224,29 @@ class EndpointJob:
         return Batch(items, next_due_in)
 
     async def perform(self, item: Item) -> store.Outcome:
-        outcome = await self._post(*item)
+        with trio.CancelScope(deadline=self._stop_at) as attempt:
+            self._attempts.add(attempt)
+            try:
+                outcome = await self._post(*item)
+            finally:
+                self._attempts.discard(attempt)
+        if attempt.cancelled_caught:
+            # Cut short by the stop: given back by ``record``, not recorded.
+            return store.Outcome(datetime.now(UTC), 0, None, None, None, CUT_SHORT)
         self._webhooks.attempts[outcome.status] += 1
         return outcome
 
     async def record(self, done: Sequence[tuple[Item, store.Outcome]]) -> None:
-        await self._webhooks.recorder.record(
-            [(claimed, outcome) for (_target, claimed), outcome in done]
-        )
+        """Record finished attempts; give back the deliveries of those cut short."""
+        cut = [item for item, outcome in done if outcome.status == CUT_SHORT]
+        finished = [
+            (claimed, outcome) for (_target, claimed), outcome in done
+            if outcome.status != CUT_SHORT
+        ]
+        if cut:
+            await self.release(cut)
+        if finished:
+            await self._webhooks.recorder.record(finished)
 
     async def release(self, items: Sequence[Item]) -> None:
         webhooks = self._webhooks
@@ -333,6 +302,22 @@ class EndpointJob:
         return webhooks.outcome_of(claimed, started_at, duration_ms, status, body, error)
 
 
+class EndpointWorker(LeasedWorker[Item, store.Outcome]):
+    """The actor of one endpoint: a LeasedWorker whose attempts in flight get
+    ``STOP_SECONDS`` once the process stops, rather than their whole timeout."""
+
+    def __init__(self, job: EndpointJob, *, concurrency: int, idle_seconds: float) -> None:
+        super().__init__(job, concurrency=concurrency, idle_seconds=idle_seconds)
+        self._endpoint_job = job
+
+    async def _loop(self, nursery: trio.Nursery, mailbox: Mailbox[Wake]) -> None:
+        # The loop returns once the actor claims no more: when asked to stop,
+        # what is in flight then is what the bound applies to.
+        await super()._loop(nursery, mailbox)
+        if mailbox.stopping:
+            self._endpoint_job.stop_within(STOP_SECONDS)
+
+
 @lru_cache(maxsize=4096)
 def _endpoint_id(payload: str) -> UUID:
     """The endpoint a notification names (the same few, many times a second)."""
@@ -343,8 +328,8 @@ def start_webhooks(runtime: Runtime, db: Database, config: Config, guard: Guard)
     """Register webhook delivery with the runtime: its due work, one actor per endpoint."""
     webhooks = Webhooks(db, config, guard)
 
-    def endpoint_actor(endpoint_id: UUID) -> LeasedWorker[Item, store.Outcome]:
-        return LeasedWorker(
+    def endpoint_actor(endpoint_id: UUID) -> EndpointWorker:
+        return EndpointWorker(
             EndpointJob(endpoint_id, webhooks),
             concurrency=config.webhook_concurrency,
             idle_seconds=IDLE_SECONDS,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tidings.http.envelope import not_found
 from tidings.http.models import list_of
@@ -41,8 +41,17 @@ class EventTypeOut(BaseModel):
 
 
 class EventQuery(Paging):
-    type: str | None = Field(None, max_length=100)
+    type: Annotated[str, Field(json_schema_extra={"enum": list(EVENT_TYPES)})] | None = Field(
+        None, description="One type of the catalogue (GET /event-types)"
+    )
     message_id: UUID | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, value: str | None) -> str | None:
+        if value is not None and value not in EVENT_TYPES:
+            raise ValueError("is not an event type of the catalogue; see GET /event-types")
+        return value
 
 
 @routes.route(

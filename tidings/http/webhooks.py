@@ -5,7 +5,6 @@ from __future__ import annotations
 import secrets
 from datetime import datetime
 from typing import Any, Literal
-from urllib.parse import urlsplit
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -17,14 +16,22 @@ from tidings.http.routing import Answer, Call, Routes
 from tidings.storage import events as event_store
 from tidings.storage import webhooks as store
 from tidings.webhooks.catalogue import ALL_EVENTS, EVENT_TYPES, TEST_EVENT
-from tidings.webhooks.safety import UnsafeTarget
+from tidings.webhooks.safety import TooManyChecks, UnsafeTarget
+from tidings.webhooks.urls import MAX_URL_LENGTH, check_url
 
 routes = Routes("Webhooks")
 
 SECRET_PREFIX = "whsec_"
 # How long a rotated-out secret keeps signing.
 ROTATION_OVERLAP_SECONDS = 24 * 3600
-MAX_URL_LENGTH = 2048
+# When a team with too many URL checks in progress may try again.
+CHECK_RETRY_AFTER_SECONDS = 1
+# Every type of the catalogue, and "*". Repeats do not count: they are kept once.
+MAX_EVENTS = len(EVENT_TYPES) + 1
+EVENTS_DESCRIPTION = (
+    f'Event types to receive, or ["*"] for every type: at most {MAX_EVENTS} distinct '
+    "entries (repeats are kept once)"
+)
 
 DeliveryStatus = Literal["pending", "retrying", "succeeded", "failed"]
 
@@ -33,47 +40,21 @@ def new_secret() -> str:
     return SECRET_PREFIX + secrets.token_urlsafe(32)
 
 
-def check_url(url: str) -> str:
-    if any(ch.isspace() for ch in url):
-        raise ValueError("must not contain whitespace")
-    if not url.isascii():
-        raise ValueError(
-            "must be ASCII: write an international domain name in its xn-- form "
-            "and percent-encode other characters"
-        )
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  (raises on a bad port)
-    except ValueError as error:
-        raise ValueError(f"is not a valid URL ({error})") from None
-    if parts.scheme not in ("https", "http"):
-        raise ValueError("must be an absolute https:// or http:// URL")
-    if not parts.hostname:
-        raise ValueError("must name a host")
-    try:
-        parts.hostname.encode("idna")
-    except UnicodeError:
-        raise ValueError(f"{parts.hostname!r} is not a valid host name") from None
-    if parts.username is not None or parts.password is not None:
-        raise ValueError("must not carry credentials")
-    return url
-
-
 def check_events(events: list[str]) -> list[str]:
     unknown = [name for name in events if name != ALL_EVENTS and name not in EVENT_TYPES]
     if unknown:
         raise ValueError(
             f"unknown event type {unknown[0]!r}; see GET /event-types, or use {ALL_EVENTS!r}"
         )
-    return list(dict.fromkeys(events))  # without repeats, in the order given
+    distinct = list(dict.fromkeys(events))  # without repeats, in the order given
+    if len(distinct) > MAX_EVENTS:
+        raise ValueError(f"at most {MAX_EVENTS} distinct event types")
+    return distinct
 
 
 class CreateEndpoint(RequestBody):
     url: str = Field(min_length=1, max_length=MAX_URL_LENGTH)
-    events: list[str] = Field(
-        min_length=1, max_length=len(EVENT_TYPES) + 1,
-        description='Event types to receive, or ["*"] for every type',
-    )
+    events: list[str] = Field(min_length=1, description=EVENTS_DESCRIPTION)
     description: str | None = Field(None, max_length=500)
 
     @field_validator("url")
@@ -95,7 +76,7 @@ class UpdateEndpoint(RequestBody):
         None, min_length=1, max_length=MAX_URL_LENGTH, json_schema_extra=never_null
     )
     events: list[str] | None = Field(
-        None, min_length=1, max_length=len(EVENT_TYPES) + 1, json_schema_extra=never_null
+        None, min_length=1, description=EVENTS_DESCRIPTION, json_schema_extra=never_null
     )
     description: str | None = Field(None, max_length=500)
 
@@ -174,7 +155,13 @@ class DeliveryQuery(Paging):
 
 async def _vet_target(call: Call, url: str) -> None:
     try:
-        await call.service.webhooks.guard.check_url(url)
+        await call.service.webhooks.guard.check_url(url, call.team_id)
+    except TooManyChecks as busy:
+        raise ApiError(
+            429, "TOO_MANY_REQUESTS",
+            f"url: {busy}; retry once they are done",
+            {"Retry-After": str(CHECK_RETRY_AFTER_SECONDS)},
+        ) from None
     except UnsafeTarget as refused:
         raise ApiError(
             422,
@@ -275,7 +262,8 @@ async def disable_endpoint(call: Call, endpoint_id: UUID) -> EndpointOut:
 
 @routes.route(
     "POST", "/webhook-endpoints/{endpoint_id}/enable",
-    summary="Re-enable a webhook endpoint (its failure count starts over)",
+    summary="Re-enable a disabled webhook endpoint (its failure count starts over); "
+    "an enabled one is left as it is",
     permission="webhooks:write", response=EndpointOut,
 )
 async def enable_endpoint(call: Call, endpoint_id: UUID) -> EndpointOut:

@@ -7,7 +7,8 @@ concurrent work is changing are simply left for the next sweep.
 
 * Events older than their retention go with their deliveries and attempts
   (the foreign keys cascade), except events with a delivery still pending or
-  retrying.
+  retrying, or finished but within its own retention: a delivery is never
+  deleted before its time with its event.
 * Finished deliveries (succeeded or failed) whose last change is older than
   their retention go with their attempts; their events stay until their own
   retention.
@@ -22,14 +23,19 @@ from __future__ import annotations
 
 from tidings.storage.rows import Queries
 
+# $1 the events' retention, $2 the deliveries' retention, $3 the batch: an
+# event stays while one of its deliveries is unfinished or within its own
+# retention (a delivery goes with its event: the foreign key cascades).
 DELETE_EVENTS = """
 DELETE FROM events WHERE ctid IN (
     SELECT e.ctid FROM events e
     WHERE e.created_at < now() - $1 * interval '1 second'
       AND NOT EXISTS (
           SELECT 1 FROM webhook_deliveries d
-          WHERE d.event_id = e.id AND d.status IN ('pending', 'retrying'))
-    LIMIT $2
+          WHERE d.event_id = e.id
+            AND (d.status IN ('pending', 'retrying')
+                 OR d.updated_at >= now() - $2 * interval '1 second'))
+    LIMIT $3
 )
 """
 
@@ -69,9 +75,19 @@ async def _in_batches(conn: Queries, statement: str, *args: object) -> int:
             return total
 
 
-async def delete_events(conn: Queries, retention_seconds: float, batch: int) -> int:
-    """Delete events past retention (with their deliveries); returns how many events."""
-    return await _in_batches(conn, DELETE_EVENTS, retention_seconds, batch)
+async def delete_events(
+    conn: Queries, retention_seconds: float, batch: int,
+    delivery_retention_seconds: float | None = None,
+) -> int:
+    """Delete events past retention (with their deliveries); returns how many events.
+
+    An event is kept while one of its deliveries is unfinished or changed
+    within ``delivery_retention_seconds`` (None: the events' own retention).
+    """
+    kept_for = retention_seconds if delivery_retention_seconds is None else (
+        delivery_retention_seconds
+    )
+    return await _in_batches(conn, DELETE_EVENTS, retention_seconds, kept_for, batch)
 
 
 async def delete_deliveries(conn: Queries, retention_seconds: float, batch: int) -> int:

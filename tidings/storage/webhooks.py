@@ -71,11 +71,16 @@ WHERE team_id = $1 AND id = $2
 RETURNING {ENDPOINT_COLUMNS}
 """
 
+# Enabling an enabled endpoint changes nothing: its failure count stays.
 ENABLE_ENDPOINT = f"""
 WITH endpoint AS (
     UPDATE webhook_endpoints SET
-        status = 'enabled', consecutive_failures = 0, disabled_reason = NULL,
-        disabled_at = NULL, updated_at = now()
+        status = 'enabled',
+        consecutive_failures = CASE WHEN status = 'disabled' THEN 0
+                                    ELSE consecutive_failures END,
+        disabled_reason = NULL,
+        disabled_at = NULL,
+        updated_at = CASE WHEN status = 'disabled' THEN now() ELSE updated_at END
     WHERE team_id = $1 AND id = $2
     RETURNING {ENDPOINT_COLUMNS}
 )
@@ -242,6 +247,8 @@ async def disable_endpoint(conn: Queries, team_id: UUID, endpoint_id: UUID) -> E
 
 async def enable_endpoint(conn: Queries, team_id: UUID, endpoint_id: UUID) -> Endpoint | None:
     """Re-enable: the failure count starts over and the reason is cleared.
+    Enabling an endpoint that is enabled changes nothing (its failure count
+    stays, so it cannot be kept from reaching the threshold this way).
 
     Deliveries that were pending or retrying when it was disabled were
     kept, and are claimed again from now on.

@@ -80,16 +80,20 @@ def parse_target(url: str) -> Target:
     host = parts.hostname or ""
     if not host:
         raise UnsupportedUrl("no host")
+    if port == 0:
+        raise UnsupportedUrl("port 0")
     default = 443 if scheme == "https" else 80
     netloc_host = f"[{host}]" if ":" in host else host
     host_header = netloc_host if port in (None, default) else f"{netloc_host}:{port}"
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"
-    if any(c in path or c in host_header for c in "\r\n \t"):
-        raise UnsupportedUrl("the URL has white space in it")
+    # Checked on the URL as stored: urlsplit drops tabs and line breaks.
+    if any(c <= " " or c == "\x7f" for c in url):
+        raise UnsupportedUrl("the URL has white space or control characters in it")
     return Target(
-        scheme, host, port or default, path.encode("ascii"), host_header.encode("ascii")
+        scheme, host, default if port is None else port, path.encode("ascii"),
+        host_header.encode("ascii"),
     )
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from urllib.parse import urlsplit
 
 import trio
@@ -22,6 +23,11 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 RESOLVE_TIMEOUT_SECONDS = 5.0
+# Names one team may have being resolved at once for its endpoint changes, per
+# process. A request resolving holds a place among the requests that need
+# storage (and its pooled connection), so a team whose names resolve slowly
+# must not be able to take them all.
+CHECKS_PER_TEAM = 2
 
 
 class UnsafeTarget(Exception):
@@ -30,6 +36,10 @@ class UnsafeTarget(Exception):
 
 class UnresolvableTarget(Exception):
     """The target's name does not resolve."""
+
+
+class TooManyChecks(Exception):
+    """The team has ``CHECKS_PER_TEAM`` names being resolved already."""
 
 
 async def system_resolve(host: str, port: int) -> list[str]:
@@ -96,9 +106,15 @@ def literal_address(host: str) -> IPAddress | None:
 class Guard:
     """Resolves target names and refuses the addresses webhooks may not reach."""
 
-    def __init__(self, *, allow_private: bool, resolve: Resolver = system_resolve) -> None:
+    def __init__(
+        self, *, allow_private: bool, resolve: Resolver = system_resolve,
+        checks_per_team: int = CHECKS_PER_TEAM,
+    ) -> None:
         self.allow_private = allow_private
         self._resolve = resolve
+        self.checks_per_team = checks_per_team
+        # Names being resolved by check_url, by team.
+        self._checking: Counter[Hashable] = Counter()
 
     def vet(self, host: str, addresses: Iterable[str]) -> list[str]:
         vetted = []
@@ -129,16 +145,32 @@ class Guard:
             raise UnresolvableTarget(f"{host} does not resolve")
         return self.vet(host, found)
 
-    async def check_url(self, url: str) -> None:
+    async def check_url(self, url: str, team: Hashable | None = None) -> None:
         """Refuse a URL whose host is a forbidden address now (UnsafeTarget).
 
-        A name that does not resolve today is accepted: it is checked again
-        at every delivery.
+        A name that does not resolve today (or not within
+        ``RESOLVE_TIMEOUT_SECONDS``) is accepted: it is checked again at every
+        delivery. A name to resolve while ``team`` already has
+        ``checks_per_team`` being resolved raises TooManyChecks at once; an
+        address literal is vetted without resolving, so it never does.
         """
         parts = urlsplit(url)
         host = parts.hostname or ""
         port = parts.port or (443 if parts.scheme == "https" else 80)
+        if literal_address(host) is None and team is not None:
+            if self._checking[team] >= self.checks_per_team:
+                raise TooManyChecks(
+                    f"{self.checks_per_team} webhook URLs of this team are being checked"
+                )
+            self._checking[team] += 1
+        else:
+            team = None
         try:
             await self.addresses(host, port)
         except UnresolvableTarget:
             pass
+        finally:
+            if team is not None:
+                self._checking[team] -= 1
+                if not self._checking[team]:
+                    del self._checking[team]

@@ -90,12 +90,18 @@ def verify(
     accept (during a rotation, both). Raises WebhookVerificationError when no
     signature matches any secret, or when the timestamp is more than
     ``tolerance`` seconds away from now (a replayed request).
+
+    Empty (or white-space-only) secrets are skipped: anyone can sign with
+    an empty key, so one left by ``"whsec_a,".split(",")`` must not verify.
+    ``secrets`` with no other secret raises WebhookVerificationError too
+    (a ValueError), before the request is looked at.
     """
     if isinstance(secrets, str):
         # Iterating a string would try each character as a secret.
         raise TypeError("secrets must be a list of secret strings, not one string")
+    secrets = [secret for secret in secrets if secret.strip()]
     if not secrets:
-        raise WebhookVerificationError("no secret to verify with")
+        raise WebhookVerificationError("no secret to verify with (empty secrets do not count)")
     timestamp, signatures = _parse(header)
     current = time.time() if now is None else now
     if tolerance > 0 and abs(current - timestamp) > tolerance:
