@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import dns.flags
 import dns.message
@@ -20,10 +21,12 @@ import trio
 @dataclass
 class Zone:
     """``records[(name, type)]`` = rdata texts, e.g. ``('x.example', 'TXT')``:
-    ``['"v=spf1 ..."']``. ``servfail`` makes every answer SERVFAIL."""
+    ``['"v=spf1 ..."']``. ``servfail`` makes every answer SERVFAIL;
+    ``delay`` holds every answer back that many seconds (a slow name server)."""
 
     records: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     servfail: bool = False
+    delay: float = 0.0
     queries: list[tuple[str, str]] = field(default_factory=list)
 
     def txt(self, name: str, *values: str) -> None:
@@ -74,7 +77,14 @@ async def serve_dns(zone: Zone) -> AsyncIterator[tuple[str, int]]:
                 query = dns.message.from_wire(data)
             except dns.exception.DNSException:
                 continue
-            await sock.sendto(zone.answer(query).to_wire(), peer)
+            if zone.delay:
+                nursery.start_soon(answer_later, query, peer)
+            else:
+                await sock.sendto(zone.answer(query).to_wire(), peer)
+
+    async def answer_later(query: dns.message.Message, peer: Any) -> None:
+        await trio.sleep(zone.delay)
+        await sock.sendto(zone.answer(query).to_wire(), peer)
 
     with sock:
         async with trio.open_nursery() as nursery:

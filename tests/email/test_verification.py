@@ -248,3 +248,31 @@ async def test_records_a_receiver_would_not_use(
     assert statuses(await verify(client, domain))["spf"] == "missing"
     publish(z, domain)
     assert (await verify(client, domain))["status"] == "verified"
+
+
+async def test_a_team_verifies_at_most_two_domains_at_once(
+    client: httpx.AsyncClient, zone: tuple[Zone, Any]
+) -> None:
+    """Each verification waits on name servers the team runs, holding a
+    pooled connection: a third at once is 429, and the two go on."""
+    domains = [ok(await client.post("/domains", json={"name": f"d{n}.example"}), 201)
+               for n in range(3)]
+    zone[0].delay = 1.5
+    answers: dict[int, httpx.Response] = {}
+    took: dict[int, float] = {}
+
+    async def verify_one(n: int) -> None:
+        await trio.sleep(0.2 * n)  # the third starts while the first two wait on DNS
+        started = trio.current_time()
+        answers[n] = await client.post(f"/domains/{domains[n]['id']}/verify")
+        took[n] = trio.current_time() - started
+
+    async with trio.open_nursery() as nursery:
+        for n in range(3):
+            nursery.start_soon(verify_one, n)
+    assert [answers[n].status_code for n in range(3)] == [200, 200, 429]
+    assert_error(answers[2], 429, "TOO_MANY_REQUESTS")
+    assert answers[2].headers["Retry-After"] == "1" and took[2] < 1.0
+    # Once they are done, the third may go.
+    zone[0].delay = 0
+    assert ok(await client.post(f"/domains/{domains[2]['id']}/verify"))["status"] == "failed"

@@ -5,6 +5,9 @@ The DKIM private key never appears in a response.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -128,6 +131,34 @@ async def get_domain(call: Call, domain_id: UUID) -> DomainOut:
     return DomainOut.of(domain)
 
 
+# A verification waits on the domain's name servers, which its owner runs,
+# with a pooled connection (and, under an Idempotency-Key, a transaction): a
+# team has at most this many at once in a process, so that slow name servers
+# of one team cannot take the connections every team's requests need.
+VERIFICATIONS_PER_TEAM = 2
+VERIFY_RETRY_AFTER_SECONDS = 1
+_verifying: Counter[tuple[int, UUID]] = Counter()
+
+
+@contextmanager
+def _one_of_the_teams_verifications(call: Call) -> Iterator[None]:
+    key = (id(call.service), call.team_id)
+    if _verifying[key] >= VERIFICATIONS_PER_TEAM:
+        raise ApiError(
+            429, "TOO_MANY_REQUESTS",
+            f"{VERIFICATIONS_PER_TEAM} verifications of this team's domains are running; "
+            "retry once they are done",
+            {"Retry-After": str(VERIFY_RETRY_AFTER_SECONDS)},
+        )
+    _verifying[key] += 1
+    try:
+        yield
+    finally:
+        _verifying[key] -= 1
+        if not _verifying[key]:
+            del _verifying[key]
+
+
 @routes.route(
     "POST", "/domains/{domain_id}/verify",
     summary="Look the domain's records up now; verified when SPF and DKIM are",
@@ -138,7 +169,8 @@ async def verify_domain(call: Call, domain_id: UUID) -> DomainOut:
     if domain is None:
         raise not_found("domain")
     try:
-        statuses = await statuses_of(call.service.config, domain.records)
+        with _one_of_the_teams_verifications(call):
+            statuses = await statuses_of(call.service.config, domain.records)
     except LookupFailed as error:
         raise ApiError(
             503, "SERVICE_UNAVAILABLE", f"DNS gave no answer, try again later: {error}"
