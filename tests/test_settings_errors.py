@@ -111,6 +111,24 @@ def test_a_number_setting_must_be_finite_and_in_range(name: str, value: str) -> 
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(("name", "value"), [
+    # asyncpg allocates for a pool's whole maximum at start: 2**31 filled the memory.
+    ("TIDINGS_DB_POOL_SIZE", "2147483647"),
+    ("TIDINGS_DB_POOL_SIZE", "1001"),
+    # A rate this slow would answer a Retry-After of centuries.
+    ("TIDINGS_RATE_LIMIT_PER_SECOND", "1e-300"),
+    ("TIDINGS_RATE_LIMIT_PER_SECOND", "0.001"),
+])
+def test_settings_that_would_make_the_service_unusable_are_refused(
+    name: str, value: str
+) -> None:
+    with pytest.raises(SettingError) as refused:
+        Config.from_env({name: value})
+    assert str(refused.value).startswith(f"{name} must "), str(refused.value)
+    assert Config.from_env({"TIDINGS_DB_POOL_SIZE": "1000"}).db_pool_size == 1000
+    assert Config.from_env({"TIDINGS_RATE_LIMIT_PER_SECOND": "0"}).rate_limit_per_second == 0
+
+
 def test_every_number_setting_takes_its_largest_sensible_value() -> None:
     config = Config.from_env({
         "TIDINGS_SHUTDOWN_GRACE_SECONDS": "3153600000",

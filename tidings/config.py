@@ -10,7 +10,7 @@ from pathlib import Path
 from tidings.config_values import (
     LOG_FORMATS,
     LOG_LEVELS,
-    MAX_INT,
+    MAX_POOL_SIZE,
     QuotaDefaults,
     SettingError,
     SmtpUrl,
@@ -23,6 +23,7 @@ from tidings.config_values import (
     _http_url,
     _int,
     _nameservers,
+    _rate,
     _schedule,
     _secret_key,
     _smtp_url,
@@ -143,14 +144,14 @@ class Config:
         return _check_providers(cls(
             database_url=_database_url(env),
             data_dir=Path(env.get("TIDINGS_DATA_DIR") or ".tidings"),
-            db_pool_size=_int(env, "TIDINGS_DB_POOL_SIZE", 10, minimum=2),
+            db_pool_size=_int(
+                env, "TIDINGS_DB_POOL_SIZE", 10, minimum=2, maximum=MAX_POOL_SIZE
+            ),
             max_body_bytes=_int(env, "TIDINGS_MAX_BODY_BYTES", 1024 * 1024, minimum=1024),
             import_max_body_bytes=_int(
                 env, "TIDINGS_IMPORT_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024
             ),
-            rate_limit_per_second=_float(
-                env, "TIDINGS_RATE_LIMIT_PER_SECOND", 100.0, maximum=MAX_INT
-            ),
+            rate_limit_per_second=_rate(env, "TIDINGS_RATE_LIMIT_PER_SECOND", 100.0),
             rate_limit_burst=_int(env, "TIDINGS_RATE_LIMIT_BURST", 200, minimum=1),
             max_in_flight=_int(env, "TIDINGS_MAX_IN_FLIGHT", 64, minimum=1),
             max_db_waiters=_int(env, "TIDINGS_MAX_DB_WAITERS", 10, minimum=0),

@@ -51,6 +51,25 @@ def _int(
     return value
 
 
+# A pool of the storage connections: asyncpg allocates for its whole maximum
+# at start, so a size far above any server's connection limit is refused
+# rather than left to fill the memory.
+MAX_POOL_SIZE = 1000
+# The slowest request rate a token can be held to (0 is no limit): below it,
+# Retry-After would be days.
+MIN_RATE_PER_SECOND = 0.01
+
+
+def _rate(env: Mapping[str, str], name: str, default: float) -> float:
+    """A rate in requests per second: 0 (no limit) or at least MIN_RATE_PER_SECOND."""
+    value = _float(env, name, default, maximum=MAX_INT)
+    if 0 < value < MIN_RATE_PER_SECOND:
+        raise SettingError(
+            f"{name} must be 0 (no limit) or at least {MIN_RATE_PER_SECOND}, not {value:g}"
+        )
+    return value
+
+
 def _float(
     env: Mapping[str, str],
     name: str,
