@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import trio
 
 
@@ -166,3 +167,14 @@ async def test_a_method_is_case_sensitive(base_url: str) -> None:
     status, headers, answer = await exchange(base_url, (
         b"POST /contacts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"))
     assert "transfer coding" in assert_envelope(status, headers, answer, 501)
+
+
+async def test_a_method_tidings_has_no_route_for_is_501_and_one_it_has_elsewhere_405(
+    base_url: str, client: httpx.AsyncClient
+) -> None:
+    for method in (b"PROPFIND", b"FOO", b"TRACE"):
+        status, headers, answer = await exchange(
+            base_url, method + b" /contacts HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert "method" in assert_envelope(status, headers, answer, 501), method
+    # PUT is a method of Tidings, only not of this path.
+    assert (await client.put("/contacts", json={})).status_code == 405

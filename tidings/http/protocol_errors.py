@@ -41,6 +41,11 @@ def head_size(request: h11.Request) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in request.headers) + 2
 
 
+# The methods of RFC 9110 that Tidings' routes use or answer (OPTIONS, PUT:
+# 405 where no route has them). Method names are case-sensitive (§9.1).
+IMPLEMENTED_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"})
+
+
 class _Connection(h11.Connection):
     """h11's server connection, knowing whether the request now being answered
     has arrived whole."""
@@ -94,9 +99,12 @@ class EnvelopeH11Protocol(H11Protocol):
         status = None
         if head_size(request) > self.config.h11_max_incomplete_size:
             status = 431
-        elif request.method != request.method.upper():
-            # hypercorn would upper-case it, and a router take "post" for POST,
-            # which a filter in front checking for POST would not.
+        elif request.method not in IMPLEMENTED_METHODS:
+            # A method no route of Tidings has (PROPFIND, FOO) is not
+            # implemented (501), where one it has elsewhere is 405; and a
+            # lower-case one is no method Tidings has: hypercorn would
+            # upper-case it, and a router take "post" for POST, which a filter
+            # in front checking for POST would not.
             status = 501
         if status is not None:
             await self._send_error_response(status)
