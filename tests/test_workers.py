@@ -111,35 +111,61 @@ async def test_two_workers_share_the_port_and_stop_on_sigterm(tmp_path: Path) ->
             await process.wait()
 
 
+async def assert_replays_on_every_worker(url: str, env: dict[str, str]) -> None:
+    """A response that shows a secret is stored sealed; a retry of the request
+    replays it whichever worker takes it."""
+    created = await trio.run_process(
+        [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all",
+         "--step-up"],
+        env=env, capture_stdout=True,
+    )
+    token = json.loads(created.stdout)["token"]
+    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "new-token"}
+    body = {"permissions": ["contacts:read"]}
+    answers = []
+    for _ in range(16):
+        # A new connection each time: the kernel picks a worker per connection.
+        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+            answers.append(await client.post("/tokens", json=body))
+    first, replays = answers[0], answers[1:]
+    assert first.status_code == 201, first.text
+    assert [r.status_code for r in replays] == [201] * len(replays), [
+        r.text for r in replays if r.status_code != 201]
+    assert all(r.headers["Idempotent-Replayed"] == "true" for r in replays)
+    assert {r.content for r in replays} == {first.content}
+
+
 async def test_workers_on_the_embedded_database_replay_sealed_responses(tmp_path: Path) -> None:
-    """A response that shows a secret is stored sealed; every worker can open it,
-    so a retry of the request replays it whichever worker takes it."""
     port, env, process = await start_set(tmp_path / "data")
-    url = f"http://127.0.0.1:{port}"
     try:
-        created = await trio.run_process(
-            [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all",
-             "--step-up"],
-            env=env, capture_stdout=True,
-        )
-        token = json.loads(created.stdout)["token"]
-        headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "new-token"}
-        body = {"permissions": ["contacts:read"]}
-        answers = []
-        for _ in range(16):
-            # A new connection each time: the kernel picks a worker per connection.
-            async with httpx.AsyncClient(base_url=url, headers=headers) as client:
-                answers.append(await client.post("/tokens", json=body))
-        first, replays = answers[0], answers[1:]
-        assert first.status_code == 201, first.text
-        assert [r.status_code for r in replays] == [201] * len(replays), [
-            r.text for r in replays if r.status_code != 201]
-        assert all(r.headers["Idempotent-Replayed"] == "true" for r in replays)
-        assert {r.content for r in replays} == {first.content}
+        await assert_replays_on_every_worker(f"http://127.0.0.1:{port}", env)
     finally:
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(15):
             await process.wait()
+
+
+async def test_workers_on_a_database_url_without_a_secret_key_replay_sealed_responses(
+    tmp_path: Path, database_url: str,
+) -> None:
+    """With DATABASE_URL and no TIDINGS_SECRET_KEY the parent hands its workers
+    one sealing key, and warns once that other hosts would need the same."""
+    port = free_port()
+    env = {**service_env(tmp_path / "data"), "DATABASE_URL": database_url}
+    env.pop("TIDINGS_SECRET_KEY", None)
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log_file:
+        process = await trio.lowlevel.open_process(
+            workers_command(port), env=env, stderr=log_file)
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", process)
+        assert len(await worker_pids(f"http://127.0.0.1:{port}")) == 2
+        await assert_replays_on_every_worker(f"http://127.0.0.1:{port}", env)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(15):
+            await process.wait()
+    assert log_path.read_text().count("TIDINGS_SECRET_KEY is not set") == 1
 
 
 async def test_workers_refuse_a_taken_port_and_finish_slow_requests_on_sigterm(

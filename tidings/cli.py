@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import math
+import os
 import signal
 import socket
 import sys
@@ -32,7 +33,13 @@ from tidings.permissions import ALL_PERMISSIONS, unknown_permissions
 from tidings.storage import quotas as quota_store
 from tidings.storage import tokens as token_store
 from tidings.storage.db import open_database
-from tidings.workers import run_workers, watch_parent
+from tidings.workers import (
+    MAX_WORKERS,
+    PARENT_ENV,
+    resolve_checked_url,
+    run_workers,
+    watch_parent,
+)
 
 log = logging.getLogger("tidings")
 
@@ -46,8 +53,10 @@ DESCRIPTION = (
 
 
 async def run_until_signal(
-    config: Config, host: str, port: int, reuse_port: bool = False
+    config: Config, host: str, port: int, reuse_port: bool = False, *,
+    check_limit: bool = False,
 ) -> None:
+    """Serve until a signal; ``check_limit``: first check_connections (tidings.workers)."""
     stop = trio.Event()
 
     async def watch_signals(cancel_scope: trio.CancelScope) -> None:
@@ -70,6 +79,8 @@ async def run_until_signal(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_signals, everything)
             nursery.start_soon(watch_parent, stop)
+            if check_limit:
+                await resolve_checked_url(config, 1)
             await serve(config, host, port, shutdown_trigger=stop.wait, reuse_port=reuse_port)
             nursery.cancel_scope.cancel()
     if everything.cancelled_caught:
@@ -326,12 +337,17 @@ def run_command(args: argparse.Namespace, config: Config) -> None:
             raise SystemExit(f"tidings: {failure}") from None
         print(json.dumps(report), flush=True)
     elif args.command == "serve":
-        if args.workers < 1:
-            raise SystemExit("tidings: --workers must be at least 1")
+        if not 1 <= args.workers <= MAX_WORKERS:
+            raise SystemExit(f"tidings: --workers must be 1 to {MAX_WORKERS}")
         check_listen_address(args.host, args.port)
+        worker = PARENT_ENV in os.environ  # of a set: its parent checked and warned
         if args.workers > 1:
             raise SystemExit(run_workers(config, args.host, args.port, args.workers))
-        trio.run(run_until_signal, config, args.host, args.port, args.reuse_port)
+        trio.run(
+            lambda: run_until_signal(
+                config, args.host, args.port, args.reuse_port, check_limit=not worker
+            )
+        )
     elif args.command == "quotas":
         print(json.dumps(trio.run(manage_quotas, config, args)), flush=True)
     elif args.tokens_command == "create":

@@ -9,7 +9,9 @@ that a sealed body cannot be moved to another record.
 The key comes from ``TIDINGS_SECRET_KEY``; without it, from the file
 ``secret.key`` in ``TIDINGS_DATA_DIR`` when the database is the embedded one
 (the key lives beside the data it protects), and otherwise from a fresh
-random key at every start. A body sealed under a key a process does not
+random key at every start. A worker of ``tidings serve --workers N`` uses
+the key its parent hands it (``HANDED_KEY_ENV``), so that every worker
+of a set has the same one. A body sealed under a key a process does not
 have cannot be opened: that replay is refused with 409 (see docs/api.md).
 """
 
@@ -27,6 +29,8 @@ from tidings.config import Config
 # JSON bodies never begin with NUL, so the prefix tells a sealed body apart.
 SEALED_PREFIX = b"\x00tidings-sealed-v1\x00"
 KEY_FILE = "secret.key"
+# The key (hex) a ``tidings serve --workers N`` parent hands its workers.
+HANDED_KEY_ENV = "TIDINGS_WORKER_SEALING_KEY"
 KEY_BYTES = 32
 NONCE_BYTES = 12
 
@@ -66,6 +70,9 @@ def load_key(config: Config) -> bytes:
     """
     if config.secret_key is not None:
         return config.secret_key
+    handed = os.environ.get(HANDED_KEY_ENV)
+    if handed:
+        return bytes.fromhex(handed)
     if config.database_url is not None:
         return secrets.token_bytes(KEY_BYTES)
     return _key_file(config.data_dir / KEY_FILE)

@@ -33,6 +33,7 @@ the asyncio loop. Three things hold that line:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextvars
 import inspect
 import json
@@ -207,7 +208,8 @@ def start_embedded(data_dir: Path) -> str:
     """Start (or join) the embedded PostgreSQL in ``data_dir``; return its admin URL.
 
     Blocking: run it in a thread. The server is shared by every process
-    that uses the same data dir and stops when the last of them exits.
+    that uses the same data dir and stops when the last of them exits;
+    processes that died unannounced are forgotten at each start and exit.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -217,7 +219,15 @@ def start_embedded(data_dir: Path) -> str:
     pgdata = data_dir.resolve() / "pg"
     forget_dead_users(pgdata)
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    if pgdata not in _pruned_at_exit:
+        # atexit runs the last registered first: before pgserver's own exit,
+        # which stops the server only when this process is the last one listed.
+        _pruned_at_exit.add(pgdata)
+        atexit.register(forget_dead_users, pgdata)
     return str(server.get_uri())
+
+
+_pruned_at_exit: set[Path] = set()
 
 
 # pgserver's list of the processes using a server: the last to leave stops it.
