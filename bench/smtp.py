@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def email(key: bytes, i: int) -> OutgoingEmail:
     return OutgoingEmail(
         message_id=uuid.uuid4(), team_id=uuid.UUID(int=0), sender="Shop <orders@shop.example>",
-        return_path="b@bounces.shop.example", recipients=(f"r{i}@example.org",),
+        return_paths={f"r{i}@example.org": "b@bounces.shop.example"},
+        recipients=(f"r{i}@example.org",),
         to=(f"r{i}@example.org",), subject=f"Order {i}", html=HTML, text=TEXT,
         dkim=DkimKey("shop.example", "tidings1", key),
     )

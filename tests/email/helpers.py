@@ -7,6 +7,11 @@ from typing import Any
 
 import httpx
 
+from tidings.email.bounce_addresses import BounceKey
+from tidings.email.records import return_path_host
+from tidings.service import Service
+from tidings.storage.email_outcomes import sent_email
+
 SENDER = "Acme <hi@acme.example>"
 
 
@@ -38,3 +43,25 @@ async def events(client: httpx.AsyncClient, email_id: str, **params: Any) -> lis
     assert set(data) == {"object", "data"}
     found: list[dict[str, Any]] = data["data"]
     return found
+
+
+async def bounce_key(service: Service) -> BounceKey:
+    """The service's key for bounce addresses."""
+    return await service.emails.bounce_key()
+
+
+async def bounce_addresses(service: Service, message_id: str) -> list[str]:
+    """The bounce address of each recipient of the email with ``message_id``
+    (``<id@domain>``), as the send worker makes them (recipients as sent, or
+    as addressed when not sent yet); [] for an email Tidings does not know."""
+    key = await bounce_key(service)
+    async with service.db.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT id, to_addresses FROM emails WHERE smtp_message_id = $1", message_id
+        )
+        if row is None:
+            return []
+        sent = await sent_email(conn, message_id)
+    recipients = sorted(sent.sent_to.values()) if sent else list(row["to_addresses"])
+    host = return_path_host(message_id.strip("<>").rpartition("@")[2])
+    return [key.address(row["id"], r, host) for r in recipients]

@@ -3,6 +3,7 @@ posted raw, become ``bounced``/``complained`` events and suppressions."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import trio
 
 from tests.conftest import assert_error
-from tests.email.helpers import SENDER, events, ok
+from tests.email.helpers import SENDER, bounce_addresses, events, ok
 from tidings.config import Config
 from tidings.email.inbound import record_report
 from tidings.service import Service
@@ -54,8 +55,20 @@ async def post_report(http: httpx.AsyncClient, raw: bytes, secret: str = SECRET)
     )
 
 
-def report(name: str, message_id: str) -> bytes:
-    return (REPORTS / name).read_bytes().replace(b"<MESSAGE_ID>", message_id.encode())
+SAMPLE_RETURN_PATH = b"b-0f6c@bounces.acme.example"
+
+
+async def report(service: Service, name: str, message_id: str) -> bytes:
+    """The sample report about ``message_id``, come back to the bounce
+    addresses of the email's recipients: its To names them all, the other
+    places (the original's Return-Path) the first."""
+    raw = (REPORTS / name).read_bytes().replace(b"<MESSAGE_ID>", message_id.encode())
+    back = [a.encode() for a in await bounce_addresses(service, message_id)]
+    if not back:
+        return raw
+    raw = re.sub(rb"^To: <?" + re.escape(SAMPLE_RETURN_PATH) + rb">?$",
+                 b"To: " + b", ".join(back), raw, flags=re.MULTILINE)
+    return raw.replace(SAMPLE_RETURN_PATH, back[0])
 
 
 def _tomorrow() -> str:
@@ -73,7 +86,7 @@ async def test_dsn_bounces_and_suppresses(
     email_id, message_id = await delivered_email(
         client, service, "gone@example.org", "slow@example.org"
     )
-    answer = ok(await post_report(http, report("postfix_bounce.eml", message_id)))
+    answer = ok(await post_report(http, await report(service, "postfix_bounce.eml", message_id)))
     assert answer["recorded"] == 2
     assert [(r["recipient"], r["outcome"], r["code"]) for r in answer["reports"]] == [
         ("gone@example.org", "bounced", "5.1.1"), ("slow@example.org", "delivery_delayed", "4.4.1")
@@ -92,7 +105,7 @@ async def test_a_delay_reported_after_the_delivery_leaves_the_status(
     client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
 ) -> None:
     email_id, message_id = await delivered_email(client, service, "slow@example.org")
-    answer = ok(await post_report(http, report("postfix_bounce.eml", message_id)))
+    answer = ok(await post_report(http, await report(service, "postfix_bounce.eml", message_id)))
     assert [(r["recipient"], r["outcome"], r["recorded"]) for r in answer["reports"]] == [
         ("gone@example.org", "bounced", False), ("slow@example.org", "delivery_delayed", True)
     ]
@@ -105,12 +118,11 @@ async def test_a_delay_reported_after_the_delivery_leaves_the_status(
 async def test_a_dsn_without_the_original_is_matched_by_the_return_path_it_came_to(
     client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
 ) -> None:
-    email_id, _ = await delivered_email(client, service, "gone@example.org")
-    raw = (REPORTS / "postfix_bounce.eml").read_bytes()
+    email_id, message_id = await delivered_email(client, service, "gone@example.org")
+    raw = await report(service, "postfix_bounce.eml", message_id)
     head, _, rest = raw.partition(b"Content-Type: text/rfc822-headers")
     raw = head[: head.rindex(b"--")] + rest[rest.index(b"--"):]  # no original attached
-    raw = raw.replace(b"To: b-0f6c@bounces.acme.example",
-                      f"To: {email_id}@bounces.acme.example".encode())
+    assert message_id.encode() not in raw
     answer = ok(await post_report(http, raw))
     assert answer["reports"][0]["original_message_id"] == f"<{email_id}@acme.example>"
     assert answer["recorded"] == 1  # gone@ was a recipient; slow@ was not
@@ -122,7 +134,7 @@ async def test_a_not_spam_report_is_no_complaint(
     client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
 ) -> None:
     email_id, message_id = await delivered_email(client, service, "ada@example.org")
-    raw = report("abuse_report.eml", message_id)
+    raw = await report(service, "abuse_report.eml", message_id)
     answer = ok(await post_report(http, raw.replace(b"Feedback-Type: abuse",
                                                     b"Feedback-Type: not-spam")))
     assert answer["recorded"] == 0 and answer["reports"] == []
@@ -137,7 +149,7 @@ async def test_arf_complaint_suppresses(
     client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
 ) -> None:
     email_id, message_id = await delivered_email(client, service, "ada@example.org")
-    answer = ok(await post_report(http, report("abuse_report.eml", message_id)))
+    answer = ok(await post_report(http, await report(service, "abuse_report.eml", message_id)))
     assert answer["recorded"] == 1
     assert ok(await client.get(f"/emails/{email_id}"))["status"] == "complained"
     assert [e["type"] for e in await events(client, email_id)][0] == "complained"
@@ -145,12 +157,13 @@ async def test_arf_complaint_suppresses(
 
 
 async def test_unknown_message_and_refusals(
-    client: httpx.AsyncClient, http: httpx.AsyncClient
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service
 ) -> None:
-    answer = ok(await post_report(http, report("abuse_report.eml", "<nobody@acme.example>")))
+    unknown = await report(service, "abuse_report.eml", "<nobody@acme.example>")
+    answer = ok(await post_report(http, unknown))
     assert answer["recorded"] == 0 and answer["reports"][0]["recorded"] is False
     assert await suppressions(client) == {}
-    raw = report("abuse_report.eml", "<x@acme.example>")
+    raw = await report(service, "abuse_report.eml", "<x@acme.example>")
     assert_error(await post_report(http, raw, "wrong"), 403, "FORBIDDEN")
     assert_error(await http.post("/providers/smtp/reports", content=raw), 403, "FORBIDDEN")
     message = assert_error(
@@ -165,7 +178,7 @@ async def test_a_report_only_speaks_for_recipients_the_email_was_sent_to(
     """A report names the address it is about; one the email never went to
     (a forged report, or a typo) changes nothing and suppresses no one."""
     email_id, message_id = await delivered_email(client, service, "ada@example.org")
-    forged = report("postfix_bounce.eml", message_id).replace(
+    forged = (await report(service, "postfix_bounce.eml", message_id)).replace(
         b"Final-Recipient: rfc822; gone@example.org",
         b"Final-Recipient: rfc822; victim@else.example",
     )
@@ -175,7 +188,9 @@ async def test_a_report_only_speaks_for_recipients_the_email_was_sent_to(
     assert ok(await client.get(f"/emails/{email_id}"))["status"] == "delivered"
     assert await suppressions(client) == {}
     # The address as sent, whatever its case in the report.
-    shouted = report("abuse_report.eml", message_id).replace(b"ada@example.org", b"ADA@Example.ORG")
+    shouted = (await report(service, "abuse_report.eml", message_id)).replace(
+        b"ada@example.org", b"ADA@Example.ORG"
+    )
     assert ok(await post_report(http, shouted))["recorded"] == 1
     assert await suppressions(client) == {"ada@example.org": "complaint"}
 
@@ -191,12 +206,13 @@ async def test_a_report_about_an_email_not_sent_records_nothing(
         message_id = await conn.fetchval(
             "SELECT smtp_message_id FROM emails WHERE id = $1", UUID(later["id"])
         )
-    answer = ok(await post_report(http, report("postfix_bounce.eml", message_id)))
+    answer = ok(await post_report(http, await report(service, "postfix_bounce.eml", message_id)))
     assert answer["recorded"] == 0
     assert ok(await client.get(f"/emails/{later['id']}"))["status"] == "scheduled"
     assert await suppressions(client) == {}
     assert ok(await client.post(f"/emails/{later['id']}/cancel"))["status"] == "canceled"
-    assert ok(await post_report(http, report("abuse_report.eml", message_id)))["recorded"] == 0
+    arf = await report(service, "abuse_report.eml", message_id)
+    assert ok(await post_report(http, arf))["recorded"] == 0
     assert ok(await client.get(f"/emails/{later['id']}"))["status"] == "canceled"
 
 
@@ -206,7 +222,7 @@ async def test_nul_and_8bit_fields_in_a_report_are_answered_not_500(
     email_id, message_id = await delivered_email(
         client, service, "gone@example.org", "slow@example.org"
     )
-    raw = report("postfix_bounce.eml", message_id)
+    raw = await report(service, "postfix_bounce.eml", message_id)
     mangled = raw.replace(b"Status: 5.1.1", b"Status: 5.1.1\x00").replace(
         b"Diagnostic-Code: smtp; 550", b"Diagnostic-Code: smtp; 550 bad\x00nul"
     ).replace(b"Final-Recipient: rfc822; slow@example.org",
@@ -232,7 +248,7 @@ async def test_a_report_names_an_internationalised_domain_in_either_form(
     a report naming either, in any case, is about the address as sent."""
     email_id, message_id = await delivered_email(client, service, "gone@xn--mnchen-3ya.com")
     assert ok(await client.get(f"/emails/{email_id}"))["to"] == ["gone@münchen.com"]
-    dsn = report("postfix_bounce.eml", message_id).replace(
+    dsn = (await report(service, "postfix_bounce.eml", message_id)).replace(
         b"rfc822; gone@example.org", b"rfc822; gone@XN--MNCHEN-3YA.com"
     )
     answer = ok(await post_report(http, dsn))
@@ -243,7 +259,7 @@ async def test_a_report_names_an_internationalised_domain_in_either_form(
     assert bounced["recipient"] == "gone@münchen.com"
     assert await suppressions(client) == {"gone@münchen.com": "bounce"}
     # An abuse report naming the A-label form; a complaint after a bounce is news.
-    arf = report("abuse_report.eml", message_id).replace(
+    arf = (await report(service, "abuse_report.eml", message_id)).replace(
         b"Ada@Example.ORG", b"gone@xn--mnchen-3ya.com"
     )
     assert ok(await post_report(http, arf))["recorded"] == 1
@@ -271,7 +287,7 @@ async def test_a_report_sent_again_records_nothing_more(
     email_id, message_id = await delivered_email(
         client, service, "gone@example.org", "slow@example.org"
     )
-    raw = report("postfix_bounce.eml", message_id)
+    raw = await report(service, "postfix_bounce.eml", message_id)
     assert ok(await post_report(http, raw))["recorded"] == 2
     for _ in range(2):
         answer = ok(await post_report(http, raw))
@@ -284,7 +300,9 @@ async def test_a_report_sent_again_records_nothing_more(
     assert await webhook_events(service, email_id, "bounced") == 1
     assert await webhook_events(service, email_id, "delivery_delayed") == 1
     # Another type for the same recipient is a new outcome, once.
-    arf = report("abuse_report.eml", message_id).replace(b"Ada@Example.ORG", b"GONE@example.org")
+    arf = (await report(service, "abuse_report.eml", message_id)).replace(
+        b"Ada@Example.ORG", b"GONE@example.org"
+    )
     assert ok(await post_report(http, arf))["recorded"] == 1
     assert ok(await post_report(http, arf))["recorded"] == 0
     assert await webhook_events(service, email_id, "complained") == 1
@@ -306,7 +324,7 @@ async def test_a_report_of_a_bounce_the_sandbox_recorded_is_no_new_bounce(
         message_id = await conn.fetchval(
             "SELECT smtp_message_id FROM emails WHERE id = $1", UUID(data["id"])
         )
-    dsn = report("postfix_bounce.eml", message_id).replace(b"gone@", b"bounced@")
+    dsn = (await report(service, "postfix_bounce.eml", message_id)).replace(b"gone@", b"bounced@")
     assert ok(await post_report(http, dsn))["reports"][0]["recorded"] is False
     assert await webhook_events(service, data["id"], "bounced") == 1
 
@@ -317,7 +335,7 @@ async def test_identical_reports_at_once_record_one_outcome(
     email_id, message_id = await delivered_email(
         client, service, "gone@example.org", "slow@example.org"
     )
-    raw = report("postfix_bounce.eml", message_id)
+    raw = await report(service, "postfix_bounce.eml", message_id)
     answers: list[int] = []
 
     async def post() -> None:
@@ -333,18 +351,22 @@ async def test_identical_reports_at_once_record_one_outcome(
     # The second of two transactions waits for the first to end, then sees
     # what it recorded: nothing is recorded twice even though neither had
     # committed when both began.
-    arf = report("abuse_report.eml", message_id).replace(b"Ada@Example.ORG", b"slow@example.org")
+    arf = (await report(service, "abuse_report.eml", message_id)).replace(
+        b"Ada@Example.ORG", b"slow@example.org"
+    )
     second: list[list[bool]] = []
+    key = await service.emails.bounce_key()
 
     async def record_second() -> None:
         async with service.db.transaction() as conn:
-            second.append([h.recorded for h in await record_report(conn, arf)])
+            second.append([h.recorded for h in await record_report(conn, arf, key)])
 
     async with trio.open_nursery() as nursery:
         async with service.db.transaction() as conn:
-            assert [h.recorded for h in await record_report(conn, arf)] == [True]
+            assert [h.recorded for h in await record_report(conn, arf, key)] == [True]
             nursery.start_soon(record_second)
             await trio.sleep(0.5)
             assert second == []  # waiting for the email's row
     assert second == [[False]]
     assert await webhook_events(service, email_id, "complained") == 1
+

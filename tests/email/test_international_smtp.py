@@ -21,6 +21,7 @@ from tests.email.conftest import smtp_config
 from tests.email.helpers import events, ok, send
 from tests.email.smtp_sink import Sink, running_sink
 from tidings.config import Config
+from tidings.email.bounce_addresses import parse_bounce_address
 
 
 class OptionsSink(Sink):
@@ -94,12 +95,18 @@ async def test_idn_display_names_go_out_in_their_ascii_form(
     assert sorted(e["recipient"] for e in found if e["type"] == "sent") == [
         "ann@bücher.com", "cy@bücher.com", "di@bücher.com",
     ]
-    [received] = sink.messages
-    assert received.mail_from == f"{email_id}@bounces.xn--bcher-kva.example"
-    assert received.recipients == [
-        "ann@xn--bcher-kva.com", "cy@xn--bcher-kva.com", "di@xn--bcher-kva.com",
+    # One transaction per recipient, each from its bounce address on the
+    # return-path host in its ASCII form.
+    assert [m.recipients for m in sink.messages] == [
+        ["ann@xn--bcher-kva.com"], ["cy@xn--bcher-kva.com"], ["di@xn--bcher-kva.com"],
     ]
-    assert sink.mail_options == [[]] and received.data.isascii()
+    for m in sink.messages:
+        assert m.mail_from.endswith("@bounces.xn--bcher-kva.example")
+        back = parse_bounce_address(m.mail_from)
+        assert back is not None and str(back.email_id) == email_id
+    assert len({m.data for m in sink.messages}) == 1
+    received = sink.messages[0]
+    assert sink.mail_options == [[]] * 3 and received.data.isascii()
     message = email.message_from_bytes(received.data, policy=email.policy.default)
     assert message["From"] == "News <news@xn--bcher-kva.example>"
     assert message["To"] == "Ann <ann@xn--bcher-kva.com>"

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
-from tidings.email.reports import NotAReport, Report, parse_report
+from tidings.email.bounce_addresses import BounceKey
+from tidings.email.reports import NotAReport, Report, parse_report, parse_reports
 
 HERE = Path(__file__).parent / "reports"
+KEY = BounceKey(b"k" * 32)
+ID = UUID("0f6c6f2e-3a1d-4a57-9a43-2b1c3d4e5f60")
 
 
 def sample(name: str, message_id: str = "abc@acme.example") -> bytes:
@@ -61,23 +65,44 @@ def without_original(raw: bytes) -> bytes:
 
 
 def test_a_report_without_the_original_is_matched_by_its_return_path() -> None:
-    """RFC 3464 and RFC 5965 make the original optional; the return path the
-    report came back to names the email as well."""
-    email_id = "0f6c6f2e-3a1d-4a57-9a43-2b1c3d4e5f60"
+    """RFC 3464 and RFC 5965 make the original optional; the bounce address
+    the report came back to names the email as well, in any case."""
+    email_id = UUID("0f6c6f2e-3a1d-4a57-9a43-2b1c3d4e5f60")
+    address = KEY.address(email_id, "gone@example.org", "bounces.acme.example")
+    local, _, _ = address.partition("@")
     raw = without_original(sample("postfix_bounce.eml")).replace(
-        b"To: b-0f6c@bounces.acme.example",
-        f"To: {email_id.upper()}@Bounces.Acme.Example".encode(),
+        b"To: b-0f6c@bounces.acme.example", f"To: {local.upper()}@Bounces.Acme.Example".encode(),
     )
     assert b"text/rfc822-headers" not in raw
     expected = f"<{email_id}@acme.example>"
     assert [r.original_message_id for r in parse_report(raw)] == [expected] * 2
     # Delivered-To (Postfix's pipe) is read before To.
     delivered = raw.replace(b"Auto-Submitted:", (
-        f"Delivered-To: {email_id}@bounces.other.example\nAuto-Submitted:").encode())
+        f"Delivered-To: {local}@bounces.other.example\nAuto-Submitted:").encode())
     assert parse_report(delivered)[0].original_message_id == f"<{email_id}@other.example>"
-    # An address that is not a return path names nothing.
+    # An address that is not a bounce address names nothing, nor does the
+    # untagged form of old (``<email id>@bounces.<domain>``).
     unknown = parse_report(without_original(sample("postfix_bounce.eml")))
     assert unknown[0].original_message_id is None
+    old = without_original(sample("postfix_bounce.eml")).replace(
+        b"To: b-0f6c@bounces.acme.example", f"To: {email_id}@bounces.acme.example".encode(),
+    )
+    assert parse_report(old)[0].original_message_id is None
+
+
+def test_the_bounce_addresses_a_report_came_back_to() -> None:
+    """The report's envelope headers and the attached original's Return-Path."""
+    to_ada = KEY.address(ID, "ada@example.org", "bounces.acme.example")
+    to_bo = KEY.address(ID, "bo@example.org", "bounces.acme.example")
+    raw = sample("postfix_bounce.eml").replace(
+        b"To: b-0f6c@bounces.acme.example", f"To: Bounces <{to_ada}>".encode()
+    ).replace(b"Return-Path: <b-0f6c@bounces.acme.example>", f"Return-Path: <{to_bo}>".encode())
+    found = parse_reports(raw).bounce_addresses
+    assert [(a.email_id, a.domain) for a in found] == [(ID, "acme.example")] * 2
+    assert KEY.vouches(found[0], ID, "ada@example.org")
+    assert KEY.vouches(found[1], ID, "bo@example.org")
+    assert not KEY.vouches(found[0], ID, "bo@example.org")
+    assert parse_reports(sample("postfix_bounce.eml")).bounce_addresses == ()
 
 
 @pytest.mark.parametrize("feedback", ["not-spam", "auth-failure", "Not-Spam"])

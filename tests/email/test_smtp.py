@@ -31,7 +31,6 @@ def outgoing(*recipients: str, **changes: Any) -> OutgoingEmail:
         "message_id": uuid.uuid4(),
         "team_id": uuid.uuid4(),
         "sender": "Acme <news@acme.example>",
-        "return_path": "b-1@bounces.acme.example",
         "recipients": recipients,
         "to": recipients,
         "subject": "Your receipt",
@@ -39,6 +38,9 @@ def outgoing(*recipients: str, **changes: Any) -> OutgoingEmail:
         "dkim": DkimKey("acme.example", "tidings1", KEY),
     }
     fields.update(changes)
+    fields.setdefault("return_paths", {
+        r: f"b-{n}@bounces.acme.example" for n, r in enumerate(fields["recipients"], 1)
+    })
     return OutgoingEmail(**fields)
 
 
@@ -75,9 +77,16 @@ async def test_signed_message_with_text_part_and_return_path(sink: Sink, port: i
         ("ada@example.org", "sent", "250"), ("cy@example.org", "sent", "250"),
         ("hidden@example.org", "sent", "250"),
     ]
-    [received] = sink.messages
-    assert received.mail_from == "b-1@bounces.acme.example"
-    assert received.recipients == ["ada@example.org", "cy@example.org", "hidden@example.org"]
+    # One transaction per recipient, from its own return path, on one
+    # connection, with the same signed message.
+    assert [(m.mail_from, m.recipients) for m in sink.messages] == [
+        ("b-1@bounces.acme.example", ["ada@example.org"]),
+        ("b-2@bounces.acme.example", ["cy@example.org"]),
+        ("b-3@bounces.acme.example", ["hidden@example.org"]),
+    ]
+    assert len({m.data for m in sink.messages}) == 1
+    assert len({m.session for m in sink.messages}) == 1 and provider.connections_opened == 1
+    received = sink.messages[0]
     assert dkim.verify(received.data, dnsfunc=dns)
     # Altered in transit, it no longer verifies.
     assert not dkim.verify(received.data.replace(b"Your receipt", b"Your receipT"), dnsfunc=dns)
@@ -177,10 +186,11 @@ async def test_envelope_is_pipelined_when_offered() -> None:
         await stream.send_all(b"220 ready\r\n")
         await until(b"\r\n")
         await stream.send_all(b"250-fake\r\n250 PIPELINING\r\n")
-        groups.append(await until(b"DATA\r\n"))
-        await stream.send_all(b"250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n")
-        await until(b"\r\n.\r\n")
-        await stream.send_all(b"250 queued\r\n")
+        for _ in range(2):
+            groups.append(await until(b"DATA\r\n"))
+            await stream.send_all(b"250 ok\r\n250 ok\r\n354 go\r\n")
+            await until(b"\r\n.\r\n")
+            await stream.send_all(b"250 queued\r\n")
         await until(b"QUIT\r\n")
         await stream.send_all(b"221 bye\r\n")
 
@@ -192,8 +202,10 @@ async def test_envelope_is_pipelined_when_offered() -> None:
             await provider.aclose()
         nursery.cancel_scope.cancel()
     assert [o.type for o in result.outcomes] == ["sent", "sent"]
-    assert groups == [b"MAIL FROM:<b-1@bounces.acme.example>\r\nRCPT TO:<ada@example.org>\r\n"
-                      b"RCPT TO:<bo@example.org>\r\nDATA\r\n"]
+    assert groups == [
+        b"MAIL FROM:<b-1@bounces.acme.example>\r\nRCPT TO:<ada@example.org>\r\nDATA\r\n",
+        b"MAIL FROM:<b-2@bounces.acme.example>\r\nRCPT TO:<bo@example.org>\r\nDATA\r\n",
+    ]
 
 
 async def test_many_messages_over_one_connection(sink: Sink, port: int) -> None:
@@ -319,3 +331,68 @@ async def test_a_message_that_cannot_be_signed_fails_alone(sink: Sink, port: int
     await provider.aclose()
     assert results.pop("bad@example.org") == "ValueError"
     assert set(results.values()) == {"sent"} and len(sink.messages) == 10
+
+
+async def test_a_connection_lost_in_one_recipients_transaction_defers_that_one_only() -> None:
+    """The server answers bo@'s MAIL FROM and hangs up: bo@ is deferred
+    (part of it may have taken effect, so it is not tried again at once),
+    and cy@ goes on a fresh connection."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    sessions: list[list[bytes]] = []
+
+    async def serve(stream: trio.SocketStream) -> None:
+        buffer = b""
+        seen: list[bytes] = []
+        sessions.append(seen)
+
+        async def until(marker: bytes) -> bytes:
+            nonlocal buffer
+            while marker not in buffer:
+                data = await stream.receive_some(65536)
+                if not data:
+                    raise trio.BrokenResourceError
+                buffer += data
+            head, _, buffer = buffer.partition(marker)
+            return head + marker
+
+        await stream.send_all(b"220 ready\r\n")
+        await until(b"\r\n")
+        await stream.send_all(b"250-fake\r\n250 PIPELINING\r\n")
+        try:
+            while True:
+                mail = await until(b"\r\n")
+                if mail == b"QUIT\r\n":
+                    await stream.send_all(b"221 bye\r\n")
+                    return
+                seen.append(mail.removesuffix(b"\r\n"))
+                envelope = await until(b"DATA\r\n")
+                if b"bo@" in envelope:
+                    await stream.send_all(b"250 ok\r\n")
+                    await stream.aclose()
+                    return
+                await stream.send_all(b"250 ok\r\n250 ok\r\n354 go\r\n")
+                await until(b"\r\n.\r\n")
+                await stream.send_all(b"250 queued\r\n")
+        except trio.BrokenResourceError:
+            pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, serve, listeners)
+        provider = SmtpProvider(url(port), "mx.tidings.example")
+        with trio.fail_after(5):
+            result = await provider.send(
+                outgoing("ada@example.org", "bo@example.org", "cy@example.org")
+            )
+            await provider.aclose()
+        nursery.cancel_scope.cancel()
+    assert [(o.recipient, o.type) for o in result.outcomes] == [
+        ("ada@example.org", "sent"), ("cy@example.org", "sent")
+    ]
+    assert [d.recipient for d in result.deferred] == ["bo@example.org"]
+    assert "connection lost" in result.deferred[0].message
+    assert provider.connections_opened == 2
+    assert sessions == [
+        [b"MAIL FROM:<b-1@bounces.acme.example>", b"MAIL FROM:<b-2@bounces.acme.example>"],
+        [b"MAIL FROM:<b-3@bounces.acme.example>"],
+    ]

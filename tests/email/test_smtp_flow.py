@@ -18,6 +18,8 @@ from tests.email.conftest import smtp_config
 from tests.email.helpers import events, ok, send
 from tests.email.smtp_sink import Sink, running_sink
 from tidings.config import Config
+from tidings.email.bounce_addresses import parse_bounce_address
+from tidings.service import Service
 
 
 @pytest.fixture
@@ -59,7 +61,8 @@ async def test_the_message_arrives_dkim_signed(client: httpx.AsyncClient, sink: 
     ]
     [received] = sink.messages
     assert received.recipients == ["ada@example.com"]
-    assert received.mail_from == f"{email_id}@bounces.acme.example"
+    back = parse_bounce_address(received.mail_from)
+    assert back is not None and (str(back.email_id), back.domain) == (email_id, "acme.example")
     message = email.message_from_bytes(received.data, policy=email.policy.default)
     assert message["Message-ID"] == f"<{email_id}@acme.example>"
     assert message["Subject"] == "Receipt" and message["X-Order"] == "7"
@@ -72,6 +75,39 @@ async def test_the_message_arrives_dkim_signed(client: httpx.AsyncClient, sink: 
         return str(record["value"]).encode()
 
     assert dkim.verify(received.data, dnsfunc=lookup)
+
+
+async def test_each_recipient_gets_its_own_transaction_and_bounce_address(
+    client: httpx.AsyncClient, sink: Sink, service: Service
+) -> None:
+    """An email to two: two transactions, each from a bounce address that
+    names the email and vouches for its own recipient only, with the same
+    DKIM-signed message."""
+    email_id = await send(client, to=["ada@example.com", "bo@example.com"], subject="Receipt")
+    await types_when(client, email_id, "sent")
+    assert sorted(m.recipients for m in sink.messages) == [
+        ["ada@example.com"], ["bo@example.com"]
+    ]
+    key = await service.emails.bounce_key()
+    returns = {m.recipients[0]: m.mail_from for m in sink.messages}
+    assert len(set(returns.values())) == 2
+    for recipient, mail_from in returns.items():
+        assert mail_from.endswith("@bounces.acme.example")
+        back = parse_bounce_address(mail_from)
+        assert back is not None and str(back.email_id) == email_id
+        other = "bo@example.com" if recipient == "ada@example.com" else "ada@example.com"
+        assert key.vouches(back, back.email_id, recipient)
+        assert not key.vouches(back, back.email_id, other)
+    assert len({m.data for m in sink.messages}) == 1
+    assert len({m.session for m in sink.messages}) == 1
+    [domain] = ok(await client.get("/domains"))["data"]
+    record = next(r for r in domain["records"] if r["purpose"] == "dkim")
+
+    def lookup(name: bytes, timeout: int = 5) -> bytes:
+        assert name.decode().rstrip(".") == record["name"]
+        return str(record["value"]).encode()
+
+    assert all(dkim.verify(m.data, dnsfunc=lookup) for m in sink.messages)
 
 
 async def test_a_refusal_at_rcpt_is_a_bounce_and_suppresses(

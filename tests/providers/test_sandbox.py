@@ -21,7 +21,7 @@ def outgoing_email(*recipients: str) -> OutgoingEmail:
         message_id=uuid.uuid4(),
         team_id=uuid.uuid4(),
         sender="Acme <hello@acme.test>",
-        return_path="bounces@acme.test",
+        return_paths=dict.fromkeys(recipients, "bounces@acme.test"),
         recipients=recipients,
         to=recipients,
         subject="Hi",

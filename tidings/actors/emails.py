@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import random
+import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -31,6 +32,7 @@ from tidings.actors.drain import Drain
 from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
 from tidings.actors.runtime import Runtime
 from tidings.config import Config
+from tidings.email.bounce_addresses import KEY_NAME, BounceKey
 from tidings.providers.email import (
     Deferral,
     DkimKey,
@@ -39,6 +41,7 @@ from tidings.providers.email import (
     OutgoingEmail,
 )
 from tidings.storage import emails_sending as store
+from tidings.storage.broadcasts_unsubscribe import service_key
 from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
 from tidings.storage.domains import SendingDomain, domain_key, verified_domain_ids
@@ -65,6 +68,23 @@ class Emails:
         # Attempts by what they recorded: sent, retrying, failed, suppressed.
         self.attempts: Counter[str] = Counter()
         self._keys: dict[UUID, SendingDomain] = {}
+        self._bounce_key: BounceKey | None = None
+        self._bounce_key_lock = trio.Lock()
+
+    async def bounce_key(self) -> BounceKey:
+        """The key that tags bounce addresses: from TIDINGS_SECRET_KEY, else the
+        one kept in the database (made by the first process that needs it).
+        Read once per process."""
+        if self._bounce_key is not None:
+            return self._bounce_key
+        async with self._bounce_key_lock:
+            if self._bounce_key is None:
+                if self.config.secret_key is not None:
+                    self._bounce_key = BounceKey.derived(self.config.secret_key)
+                else:
+                    raw = await self.db.run(service_key, KEY_NAME, secrets.token_bytes(32))
+                    self._bounce_key = BounceKey(raw)
+            return self._bounce_key
 
     async def domain(self, domain_id: UUID | None) -> SendingDomain | None:
         """The key of the verified domain ``domain_id`` (None: not verified).
@@ -129,11 +149,12 @@ class Emails:
     async def _send(
         self, email: store.Claimed, domain: SendingDomain, recipients: tuple[str, ...]
     ) -> EmailResult:
+        key = await self.bounce_key()
         outgoing = OutgoingEmail(
             message_id=email.id,
             team_id=email.team_id,
             sender=email.from_address,
-            return_path=f"{email.id}@{domain.return_path}",
+            return_paths={r: key.address(email.id, r, domain.return_path) for r in recipients},
             recipients=recipients,
             to=tuple(email.to_addresses),
             subject=email.subject,

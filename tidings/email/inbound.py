@@ -4,16 +4,21 @@ turned into email outcomes (``bounced``, ``complained``, ...).
 The recording itself (events, status, webhook events, suppressions, and
 recording each outcome of a recipient once) is the emails group's
 ``record_outcomes``; this module only finds, for each report, the email it
-is about, by the Message-ID Tidings gave it, and the recipient it names.
+is about, by the Message-ID Tidings gave it, and the recipient it names,
+and records an outcome only for a recipient whose bounce address the report
+came back to: an email to several recipients has one return path per
+recipient, so a recipient who knows its own cannot report for another.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from tidings.addresses import normalize_address
-from tidings.email.reports import Report, parse_report
+from tidings.email.bounce_addresses import BounceAddress, BounceKey
+from tidings.email.reports import Report, parse_reports
 from tidings.fields import FieldError
 from tidings.storage.email_outcomes import Outcome, SentEmail, record_outcomes, sent_email
 
@@ -41,15 +46,26 @@ def _recipients(email: SentEmail) -> dict[str, str]:
     return {_folded(sent) or key: sent for key, sent in email.sent_to.items()}
 
 
-async def record_report(conn: Any, raw: bytes) -> list[Handled]:
+def _vouched(
+    key: BounceKey, addresses: tuple[BounceAddress, ...], email_id: UUID, recipient: str
+) -> bool:
+    """True when the report came back to the bounce address of ``email_id``
+    to ``recipient``."""
+    return any(key.vouches(a, email_id, recipient) for a in addresses)
+
+
+async def record_report(conn: Any, raw: bytes, key: BounceKey) -> list[Handled]:
     """Parse ``raw`` (raises NotAReport) and record what it says about emails
-    Tidings sent, for recipients they were sent to. Anything else (a message
+    Tidings sent, for recipients they were sent to, when it came back to that
+    recipient's bounce address (made with ``key``). Anything else (a message
     Tidings does not know, one not sent yet or never, an address it was not
-    sent to, an outcome recorded for that recipient already) is returned with
+    sent to, a report that did not come back to the address's own bounce
+    address, an outcome recorded for that recipient already) is returned with
     ``recorded`` False: a report cannot suppress an address or move an email
-    that no send reached, and a report repeated is no new outcome. Run it
-    inside a transaction."""
-    reports = parse_report(raw)
+    that no send reached, a recipient cannot report for another, and a
+    report repeated is no new outcome. Run it inside a transaction."""
+    parsed = parse_reports(raw)
+    reports = parsed.reports
     emails: dict[str, tuple[SentEmail, dict[str, str]] | None] = {}
     for message_id in {r.original_message_id for r in reports if r.original_message_id}:
         email = await sent_email(conn, message_id)
@@ -59,6 +75,10 @@ async def record_report(conn: Any, raw: bytes) -> list[Handled]:
         found = emails.get(report.original_message_id or "")
         folded = _folded(report.recipient)
         recipient = None if found is None or folded is None else found[1].get(folded)
+        if found is not None and recipient is not None and not _vouched(
+            key, parsed.bounce_addresses, found[0].id, recipient
+        ):
+            recipient = None
         outcomes.append(None if found is None or recipient is None else Outcome(
             found[0].id, recipient, report.outcome, PROVIDER,
             code=report.code, message=report.message,

@@ -17,20 +17,28 @@ import re
 import email_validator
 import idna
 
+from tidings.email.bounce_addresses import LOCAL_LENGTH
 from tidings.email.records import return_path_host
 
 LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 MAX_LENGTH = 253
-# A sending domain's longest derived name is its bounce address, an email's
-# id (a UUID, 36 characters) at the return-path host: ``<id>@bounces.<name>``.
-# An SMTP path is at most 256 octets with its angle brackets (RFC 5321
-# §4.5.3.1.3), so the address is at most 254, and the name 209. The DKIM
-# record name, ``tidings<6 hex>._domainkey.<name>``, needs only <= 228 to stay
-# within DNS's 253.
+# A sending domain's longest derived name is its bounce address, a tagged
+# local part at the return-path host: ``<local>@bounces.<name>``. An SMTP
+# path is at most 256 octets with its angle brackets (RFC 5321 §4.5.3.1.3),
+# so the address is at most 254, and the name 209. The DKIM record name,
+# ``tidings<6 hex>._domainkey.<name>``, needs only <= 228 to stay within
+# DNS's 253.
 MAX_BOUNCE_ADDRESS = 254
-UUID_LENGTH = 36
-MAX_SENDING_LENGTH = MAX_BOUNCE_ADDRESS - UUID_LENGTH - len("@") - len(return_path_host(""))
-
+# The local part the limit was set for: an email's id (a UUID, 36
+# characters), the bounce address before it was tagged. The tagged one
+# (``bounce_addresses.LOCAL_LENGTH``, 34) is shorter and the limit stays
+# 209, the one published and that stored domains were held to: a tagged
+# address of the longest name has two octets to spare.
+MAX_LOCAL_PART = 36
+assert LOCAL_LENGTH <= MAX_LOCAL_PART
+MAX_SENDING_LENGTH = (
+    MAX_BOUNCE_ADDRESS - MAX_LOCAL_PART - len("@") - len(return_path_host(""))
+)
 
 def domain_name(raw: str) -> str:
     """``raw`` as a lower-case ASCII domain name; ValueError says why it is not one."""

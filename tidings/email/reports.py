@@ -5,7 +5,9 @@ machine-readable part (``message/delivery-status`` or
 ``message/feedback-report``) and the original message or its headers. What
 Tidings needs of them is, per recipient, the original ``Message-ID`` and
 what happened: a bounce, a delay, a delivery or a complaint, with the status
-and the diagnostic the reporting server gave. Parsed with the standard
+and the diagnostic the reporting server gave; and of the whole report, the
+bounce addresses it came back to (``tidings.email.bounce_addresses``),
+which say for which recipient it may speak. Parsed with the standard
 library's ``email`` package.
 """
 
@@ -19,9 +21,8 @@ from email.message import Message
 from email.parser import HeaderParser
 from email.utils import getaddresses
 from typing import Literal
-from uuid import UUID
 
-from tidings.email.records import RETURN_PATH_LABEL
+from tidings.email.bounce_addresses import BounceAddress, parse_bounce_address
 
 Outcome = Literal["bounced", "delivery_delayed", "delivered", "complained"]
 
@@ -158,24 +159,31 @@ def _message_id(headers: Message | None) -> str | None:
 ENVELOPE_HEADERS = ("X-Original-To", "Delivered-To", "Envelope-To", "To")
 
 
+def _addresses(headers: Message | None, names: tuple[str, ...]) -> list[str]:
+    if headers is None:
+        return []
+    return [address for name in names for value in headers.get_all(name) or []
+            for _, address in getaddresses([_field(value) or ""]) if address]
+
+
+def _bounce_addresses(report: Message, original: Message | None) -> tuple[BounceAddress, ...]:
+    """The bounce addresses the report came back to: in its envelope headers,
+    and the attached original's Return-Path (an ARF report attaches the
+    message as delivered)."""
+    found = (parse_bounce_address(a) for a in
+             _addresses(report, ENVELOPE_HEADERS) + _addresses(original, ("Return-Path",)))
+    return tuple(dict.fromkeys(a for a in found if a is not None))
+
+
 def _by_return_path(report: Message) -> str | None:
-    """The Message-ID Tidings gave the original, from the return path the
-    report was sent to (``<email id>@bounces.<domain>`` stands for
-    ``<email id@domain>``): a report need not carry the original (RFC 3464
-    §2, RFC 5965 §2 make it optional)."""
-    prefix = RETURN_PATH_LABEL + "."
-    for name in ENVELOPE_HEADERS:
-        for value in report.get_all(name) or []:
-            for _, address in getaddresses([_field(value) or ""]):
-                local, _, host = address.strip().rpartition("@")
-                host = host.lower().rstrip(".")
-                if not host.startswith(prefix):
-                    continue
-                try:
-                    email_id = UUID(local)
-                except ValueError:
-                    continue
-                return f"<{email_id}@{host.removeprefix(prefix)}>"
+    """The Message-ID Tidings gave the original, from the bounce address the
+    report was sent to (its email id and domain stand for ``<email id@domain>``):
+    a report need not carry the original (RFC 3464 §2, RFC 5965 §2 make it
+    optional)."""
+    for address in _addresses(report, ENVELOPE_HEADERS):
+        bounce = parse_bounce_address(address)
+        if bounce is not None:
+            return f"<{bounce.email_id}@{bounce.domain}>"
     return None
 
 
@@ -235,8 +243,18 @@ def _arf(report: Message) -> list[Report]:
     ]
 
 
-def parse_report(raw: bytes) -> list[Report]:
-    """Every recipient a DSN or an ARF report speaks of; NotAReport otherwise."""
+@dataclass(frozen=True)
+class Reports:
+    """A report message: what it says per recipient, and the bounce addresses
+    it came back to, which vouch for the recipients it may speak of."""
+
+    reports: list[Report]
+    bounce_addresses: tuple[BounceAddress, ...]
+
+
+def parse_reports(raw: bytes) -> Reports:
+    """Every recipient a DSN or an ARF report speaks of, with the bounce
+    addresses it came back to; NotAReport when it is neither."""
     try:
         message = email.message_from_bytes(raw, policy=email.policy.compat32)
     except RecursionError:
@@ -246,8 +264,15 @@ def parse_report(raw: bytes) -> list[Report]:
     kind = (message.get_param("report-type") or "")
     kind = kind.lower() if isinstance(kind, str) else ""
     if kind == "delivery-status":
-        return _dsn(message)
-    if kind == "feedback-report":
-        return _arf(message)
-    raise NotAReport(f"a report of type {kind or 'unknown'}, neither delivery-status "
-                     "nor feedback-report")
+        found = _dsn(message)
+    elif kind == "feedback-report":
+        found = _arf(message)
+    else:
+        raise NotAReport(f"a report of type {kind or 'unknown'}, neither delivery-status "
+                         "nor feedback-report")
+    return Reports(found, _bounce_addresses(message, _original_headers(message)))
+
+
+def parse_report(raw: bytes) -> list[Report]:
+    """Every recipient a DSN or an ARF report speaks of; NotAReport otherwise."""
+    return parse_reports(raw).reports

@@ -44,9 +44,10 @@ async def receive_report(service: Service) -> dict[str, Any]:
         raise ApiError(403, "FORBIDDEN", "a valid TIDINGS_REPORTS_SECRET bearer is required")
     body = await request.get_data()
     raw = body if isinstance(body, bytes) else body.encode()
+    key = await service.emails.bounce_key()
     try:
         async with service.db.transaction() as conn:
-            handled = await record_report(conn, raw)
+            handled = await record_report(conn, raw, key)
     except NotAReport as error:
         raise unprocessable(f"body: {error}") from None
     return {

@@ -16,6 +16,7 @@ cancellation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal, Protocol
@@ -46,9 +47,11 @@ class DkimKey:
 class OutgoingEmail:
     """One email as a provider sends it.
 
-    ``sender`` is the From header (``"Acme <news@acme.test>"``); ``return_path``
-    the envelope sender (MAIL FROM), an address on the sending domain where
-    bounces arrive. ``recipients`` is every envelope recipient (to, cc and bcc,
+    ``sender`` is the From header (``"Acme <news@acme.test>"``);
+    ``return_paths`` the envelope sender (MAIL FROM) of each recipient, its
+    own bounce address on the sending domain's return-path host
+    (``tidings.email.bounce_addresses``): a provider sends one transaction
+    per recipient. ``recipients`` is every envelope recipient (to, cc and bcc,
     bare addresses) of this attempt, which may be fewer than the headers name
     when some were suppressed, already done, or are being retried. The
     provider builds the MIME message (a text part derived from ``html`` when
@@ -59,7 +62,7 @@ class OutgoingEmail:
     message_id: UUID
     team_id: UUID
     sender: str
-    return_path: str
+    return_paths: Mapping[str, str]
     recipients: tuple[str, ...]
     to: tuple[str, ...]
     subject: str

@@ -8,8 +8,11 @@ runs beside the event loop); the SMTP transaction runs on trio sockets, the
 envelope pipelined when the server offers PIPELINING. ``docs/email.md`` has
 the measurements behind that choice.
 
-Per recipient: accepted after the message → ``sent``; a 5xx at RCPT or at
-DATA → ``bounced``; a 5xx to MAIL FROM (the relay refuses the sender) →
+One transaction per recipient, each with the recipient's own bounce
+address as ``MAIL FROM`` (``tidings.email.bounce_addresses``) and the same
+signed bytes; the transactions of one email follow one another on one
+connection. Per recipient: accepted after the message → ``sent``; a 5xx at
+RCPT or at DATA → ``bounced``; a 5xx to MAIL FROM (the relay refuses the sender) →
 ``failed``; a 4xx anywhere, a timeout or a lost connection → deferred, for
 the worker to retry with backoff.
 """
@@ -149,6 +152,13 @@ def result_of(
     return EmailResult(NAME, provider_message_id, tuple(outcomes), tuple(deferred))
 
 
+def _closing(transaction: Transaction) -> bool:
+    """421: the server is closing the channel."""
+    replies = [transaction.mail, transaction.data, transaction.final,
+               *transaction.recipients.values()]
+    return any(reply is not None and reply.code == 421 for reply in replies)
+
+
 class SmtpProvider:
     """Sends through one relay over at most ``connections`` pooled connections."""
 
@@ -175,36 +185,71 @@ class SmtpProvider:
         self.connections_opened = 0
 
     async def send(self, email: OutgoingEmail) -> EmailResult:
+        """One transaction per recipient, each from its own bounce address,
+        with the same signed message (DKIM does not cover the envelope), one
+        after another on one pooled connection."""
         message = await self._renderer.render(email)
         domain = email.dkim.domain if email.dkim else parseaddr(email.sender)[1].rpartition("@")[2]
         reference = message_id(email.message_id, domain)
+        outcomes: list[EmailOutcome] = []
+        deferred: list[Deferral] = []
         async with self._slots:
-            for first_try in (True, False):
-                conn, reused = self._take_idle()
+            # Only _transact awaits with it, and closes it when cut short.
+            conn: SmtpConnection | None = None
+            for position, recipient in enumerate(email.recipients):
+                conn, done = await self._transact(
+                    conn, email.return_paths[recipient], recipient, message
+                )
+                if isinstance(done, Transaction):
+                    result = result_of(done, (recipient,), reference)
+                    outcomes += result.outcomes
+                    deferred += result.deferred
+                    continue
+                error, connecting = done
+                # Not connected at all: the others would wait for the same.
+                rest = email.recipients[position:] if connecting else (recipient,)
+                code = None if error.reply is None else str(error.reply.code)
+                deferred += (Deferral(r, code, str(error)) for r in rest)
+                if connecting:
+                    break
+            if conn is not None:
+                await self._give_back(conn)
+        return EmailResult(NAME, reference, tuple(outcomes), tuple(deferred))
+
+    async def _transact(
+        self, conn: SmtpConnection | None, mail_from: str, recipient: str, message: bytes
+    ) -> tuple[SmtpConnection | None, Transaction | tuple[SmtpConnectionError, bool]]:
+        """One transaction on ``conn`` (None: a pooled or a new connection).
+        Returns the connection to go on with (None: closed) and the
+        transaction, or the error and whether it came from connecting."""
+        reused = conn is not None
+        if conn is None:
+            conn, reused = self._take_idle()
+        for first_try in (True, False):
+            if conn is None:
                 try:
-                    if conn is None:
-                        conn = await smtp_client.connect(
-                            self.url, self.helo_name, self.tls_context
-                        )
-                        self.connections_opened += 1
-                    transaction = await smtp_client.send(
-                        conn, email.return_path, list(email.recipients), message
-                    )
+                    conn = await smtp_client.connect(self.url, self.helo_name, self.tls_context)
                 except SmtpConnectionError as error:
-                    if conn is not None:
-                        await conn.aclose()
-                    # A pooled connection the server had dropped: nothing of this
-                    # transaction happened, so a fresh one may try it.
-                    if first_try and reused and not error.answered:
-                        continue
-                    return self._all_deferred(email, reference, error.reply, str(error))
-                except BaseException:
-                    # Cut short (cancelled) mid-dialogue: the connection is unusable.
-                    if conn is not None:
-                        await conn.aclose()
-                    raise
-                await self._give_back(conn, transaction)
-                return result_of(transaction, email.recipients, reference)
+                    return None, (error, True)
+                self.connections_opened += 1
+            try:
+                transaction = await smtp_client.send(conn, mail_from, [recipient], message)
+            except SmtpConnectionError as error:
+                await conn.aclose()
+                conn = None
+                # A pooled connection the server had dropped: nothing of this
+                # transaction happened, so a fresh one may try it.
+                if first_try and reused and not error.answered:
+                    continue
+                return None, (error, False)
+            except BaseException:
+                # Cut short (cancelled) mid-dialogue: the connection is unusable.
+                await conn.aclose()
+                raise
+            if _closing(transaction):
+                await conn.aclose()
+                return None, transaction
+            return conn, transaction
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _take_idle(self) -> tuple[SmtpConnection | None, bool]:
@@ -216,26 +261,10 @@ class SmtpProvider:
             self._stale.append(conn)
         return None, False
 
-    async def _give_back(self, conn: SmtpConnection, transaction: Transaction) -> None:
-        replies = [transaction.mail, transaction.data, transaction.final,
-                   *transaction.recipients.values()]
-        if any(reply is not None and reply.code == 421 for reply in replies):
-            # 421: the server is closing the channel.
-            await conn.aclose()
-            return
+    async def _give_back(self, conn: SmtpConnection) -> None:
         self._idle.append((conn, time.monotonic()))
         while self._stale:
             await smtp_client.quit(self._stale.pop())
-
-    @staticmethod
-    def _all_deferred(
-        email: OutgoingEmail, reference: str, reply: Reply | None, message: str
-    ) -> EmailResult:
-        code = None if reply is None else str(reply.code)
-        return EmailResult(
-            NAME, reference,
-            deferred=tuple(Deferral(r, code, message) for r in email.recipients),
-        )
 
     async def aclose(self) -> None:
         """Say QUIT on every idle connection."""
