@@ -31,7 +31,8 @@ from tidings.config import Config
 from tidings.permissions import ALL_PERMISSIONS
 from tidings.service import Service, open_service
 from tidings.storage import tokens as token_store
-from tidings.storage.db import open_asyncio_bridge, start_embedded, with_database
+from tidings.storage.db import open_asyncio_bridge, with_database
+from tidings.storage.embedded import start_embedded
 from tidings.storage.migrate import migrate
 
 TEMPLATE = f"tidings_template_{os.getpid()}"

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 from tests.storage.test_hardening_embedded import postmaster_pid, start_user, wait_gone
-from tidings.storage.db import HANDLE_LIST, process_exists
+from tidings.storage.embedded import HANDLE_LIST, process_exists
 
 
 def test_the_last_clean_exit_forgets_users_killed_meanwhile(tmp_path: Path) -> None:

@@ -10,14 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-from tidings.storage.db import HANDLE_LIST, forget_dead_users, process_exists
+from tidings.storage.embedded import HANDLE_LIST, forget_dead_users, process_exists
 
 # A user of the embedded server: starts (or joins) it, says so, then waits
 # for a line on stdin and exits cleanly (pgserver's exit handler runs).
 USER = """
 import sys
 from pathlib import Path
-from tidings.storage.db import start_embedded
+from tidings.storage.embedded import start_embedded
 start_embedded(Path(sys.argv[1]))
 print("ready", flush=True)
 sys.stdin.readline()

@@ -33,17 +33,12 @@ the asyncio loop. Three things hold that line:
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextvars
 import inspect
-import json
 import logging
-import os
-import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -63,6 +58,7 @@ from tidings.storage.connection import (
     TrioConnection,
     returned,
 )
+from tidings.storage.embedded import start_embedded, watch_embedded
 from tidings.storage.migrate import migrate
 
 __all__ = [
@@ -204,77 +200,6 @@ class Database:
             yield conn
 
 
-def start_embedded(data_dir: Path) -> str:
-    """Start (or join) the embedded PostgreSQL in ``data_dir``; return its admin URL.
-
-    Blocking: run it in a thread. The server is shared by every process
-    that uses the same data dir and stops when the last of them exits;
-    processes that died unannounced are forgotten at each start and exit.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pgserver
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    pgdata = data_dir.resolve() / "pg"
-    forget_dead_users(pgdata)
-    server = pgserver.get_server(pgdata, cleanup_mode="stop")
-    if pgdata not in _pruned_at_exit:
-        # atexit runs the last registered first: before pgserver's own exit,
-        # which stops the server only when this process is the last one listed.
-        _pruned_at_exit.add(pgdata)
-        atexit.register(forget_dead_users, pgdata)
-    return str(server.get_uri())
-
-
-_pruned_at_exit: set[Path] = set()
-
-
-# pgserver's list of the processes using a server: the last to leave stops it.
-HANDLE_LIST = ".handle_pids.json"
-
-
-def forget_dead_users(pgdata: Path) -> list[int]:
-    """Drop processes that no longer exist from pgserver's list of users of
-    the server in ``pgdata``; return their pids.
-
-    A process killed with ``kill -9`` never takes itself off that list, and
-    while it is named there no clean exit stops the server. Done under
-    pgserver's own inter-process lock, as it does its own changes.
-    """
-    from pgserver.postgres_server import PostgresServer
-
-    path = pgdata / HANDLE_LIST
-    with PostgresServer._lock:
-        try:
-            pids = [int(pid) for pid in json.loads(path.read_text())]
-        except (OSError, ValueError, TypeError):
-            return []
-        dead = [pid for pid in pids if not process_exists(pid)]
-        if dead:
-            path.write_text(json.dumps([pid for pid in pids if pid not in dead]))
-            log.info("forgot users of the embedded PostgreSQL that have died: %s", dead)
-        return dead
-
-
-def process_exists(pid: int) -> bool:
-    """Whether ``pid`` names a live process (a zombie is not one)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, as another user
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: trust kill()
-    # The state follows the command name, which is in parentheses.
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
-
-
 def with_database(url: str, database: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + database))
@@ -318,8 +243,10 @@ async def open_database(config: Config, *, run_migrations: bool = True) -> Async
     Cancellation while opening leaves nothing behind but a possibly running
     embedded server, which the next start reuses.
     """
-    async with open_asyncio_bridge():
+    async with open_asyncio_bridge(), trio.open_nursery() as nursery:
         url = await resolve_url(config)
+        if config.database_url is None:
+            nursery.start_soon(watch_embedded, config.data_dir)
         async with triopg.create_pool(
             url, min_size=1, max_size=config.db_pool_size, command_timeout=60,
             reset=_keep_session,
@@ -331,6 +258,7 @@ async def open_database(config: Config, *, run_migrations: bool = True) -> Async
                     log.info("applied migrations: %s", ", ".join(applied))
             async with open_unit_pool(url, config.db_pool_size) as units:
                 yield Database(pool, units, url)
+        nursery.cancel_scope.cancel()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,132 @@
+"""The embedded PostgreSQL (the ``pgserver`` package): started, shared, watched.
+
+Every process that uses the same data dir joins one server, which stops when
+the last of them exits. A process killed with ``kill -9`` never leaves
+pgserver's list of users, so each process forgets the dead ones when it
+starts and when it exits. A server that stops under the processes using it
+(killed, out of memory) is started again by :func:`watch_embedded`, which
+each of them runs: the first to see it gone starts it, under pgserver's
+lock, and the pools reconnect to the same socket.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import trio
+
+log = logging.getLogger("tidings.storage")
+
+# How often a process looks whether the embedded server still runs.
+WATCH_SECONDS = 2.0
+
+
+def start_embedded(data_dir: Path) -> str:
+    """Start (or join) the embedded PostgreSQL in ``data_dir``; return its admin URL.
+
+    Blocking: run it in a thread. The server is shared by every process
+    that uses the same data dir and stops when the last of them exits;
+    processes that died unannounced are forgotten at each start and exit.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pgdata = pgdata_of(data_dir)
+    forget_dead_users(pgdata)
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    if pgdata not in _pruned_at_exit:
+        # atexit runs the last registered first: before pgserver's own exit,
+        # which stops the server only when this process is the last one listed.
+        _pruned_at_exit.add(pgdata)
+        atexit.register(forget_dead_users, pgdata)
+    return str(server.get_uri())
+
+
+_pruned_at_exit: set[Path] = set()
+
+
+# pgserver's list of the processes using a server: the last to leave stops it.
+HANDLE_LIST = ".handle_pids.json"
+
+
+def forget_dead_users(pgdata: Path) -> list[int]:
+    """Drop processes that no longer exist from pgserver's list of users of
+    the server in ``pgdata``; return their pids.
+
+    A process killed with ``kill -9`` never takes itself off that list, and
+    while it is named there no clean exit stops the server. Done under
+    pgserver's own inter-process lock, as it does its own changes.
+    """
+    from pgserver.postgres_server import PostgresServer
+
+    path = pgdata / HANDLE_LIST
+    with PostgresServer._lock:
+        try:
+            pids = [int(pid) for pid in json.loads(path.read_text())]
+        except (OSError, ValueError, TypeError):
+            return []
+        dead = [pid for pid in pids if not process_exists(pid)]
+        if dead:
+            path.write_text(json.dumps([pid for pid in pids if pid not in dead]))
+            log.info("forgot users of the embedded PostgreSQL that have died: %s", dead)
+        return dead
+
+
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` names a live process (a zombie is not one)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, as another user
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust kill()
+    # The state follows the command name, which is in parentheses.
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+
+
+def pgdata_of(data_dir: Path) -> Path:
+    return data_dir.resolve() / "pg"
+
+
+def revive_embedded(data_dir: Path) -> bool:
+    """Start the embedded server in ``data_dir`` again if it has stopped;
+    whether it had. Blocking: run it in a thread."""
+    from pgserver.postgres_server import PostgresServer
+    from pgserver.utils import PostmasterInfo
+
+    pgdata = pgdata_of(data_dir)
+    server = PostgresServer._instances.get(pgdata)
+    if server is None:
+        return False
+    with PostgresServer._lock:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+        if info is not None and info.is_running():
+            return False
+        log.warning("the embedded PostgreSQL in %s has stopped: starting it again", pgdata)
+        server.ensure_postgres_running()
+        return True
+
+
+async def watch_embedded(data_dir: Path, every: float = WATCH_SECONDS) -> None:
+    """Keep the embedded server of ``data_dir`` running while this process runs."""
+    while True:
+        await trio.sleep(every)
+        try:
+            await trio.to_thread.run_sync(revive_embedded, data_dir)
+        except Exception:  # a start that failed: logged, and tried again
+            log.exception("the embedded PostgreSQL in %s could not be started again", data_dir)
