@@ -4,7 +4,11 @@ closed by implication (``<body>`` closing ``<head>``, a block closing ``<p>``,
 
 from __future__ import annotations
 
-from tidings.html_text import html_to_text
+import time
+
+import pytest
+
+from tidings.html_text import MAX_DEPTH, html_to_text
 
 
 def test_body_closes_a_head_without_its_end_tag() -> None:
@@ -93,3 +97,25 @@ def test_a_link_or_bold_closes_past_a_block_opened_inside_it() -> None:
     assert html_to_text('<p>See <a href="https://acme.example">this') == (
         "See this (https://acme.example)"
     )
+
+
+@pytest.mark.parametrize("html", [
+    "<div>" * 20000 + "x",
+    "<p><button>" + "<div>" * 20000 + "x",
+    "<li>" + "<div>" * 500 + "<li>x" * 20000,
+    "<table>" + "<tr><td>x" * 20000,
+])
+def test_deep_or_long_markup_costs_time_in_proportion_to_its_size(html: str) -> None:
+    """A close walks the stack of open elements; unbounded, 20,000 nested
+    <div>s took 48 s (every start tag walked them all). The stack is kept
+    to MAX_DEPTH, and a walk for a tag that is not open costs nothing."""
+    started = time.perf_counter()
+    assert "x" in html_to_text(html)
+    assert time.perf_counter() - started < 5.0
+
+
+def test_elements_deeper_than_the_cap_keep_their_text() -> None:
+    deep = "<div>" * (MAX_DEPTH + 10) + "<p>kept</p>" + "</div>" * (MAX_DEPTH + 10) + "after"
+    assert html_to_text(deep) == "kept\n\nafter"
+    hidden = "<div>" * (MAX_DEPTH - 5) + '<span hidden>gone</span>shown'
+    assert html_to_text(hidden) == "shown"

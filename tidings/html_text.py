@@ -20,6 +20,7 @@ stack, so an element hidden or dropped stops hiding whichever way it closes.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Collection
 from html.parser import HTMLParser
 from typing import NamedTuple
@@ -97,6 +98,13 @@ _TRAILING = re.compile(r"[ \t]+\n")
 _BLANKS = re.compile(r"\n{3,}")
 
 
+# The deepest the stack of open elements goes: an element opened deeper is
+# read as if it closed at once (its text is kept). Browsers cap nesting too
+# (Blink at 512); here it bounds what each tag may cost, since an implied or
+# explicit close walks the stack: 100 is far deeper than any email nests.
+MAX_DEPTH = 100
+
+
 class _Open(NamedTuple):
     """An open element: whether it hides its content, and for a link, its
     target and where its label starts in the output."""
@@ -113,6 +121,7 @@ class _TextWriter(HTMLParser):
         self.pending = 0  # line breaks owed before the next text (0, 1 or 2)
         self.line_start = True
         self.stack: list[_Open] = []  # the open elements, innermost last
+        self.open = Counter[str]()  # how many of each tag the stack holds
         self.hidden = 0  # how many elements of the stack hide their content
         self.past_head = False  # a later <head> start tag is ignored, as browsers do
         self.pre = 0
@@ -156,10 +165,11 @@ class _TextWriter(HTMLParser):
             self._leave_head()
         self._close_implied(tag)
         hides = tag in _HIDDEN or _hides(attrs)
-        if tag not in _VOID:
+        if tag not in _VOID and len(self.stack) < MAX_DEPTH:
             href = (dict(attrs).get("href") or "") if tag == "a" else None
             link = None if href is None or hides else (href, len(self.out))
             self.stack.append(_Open(tag, hides, link))
+            self.open[tag] += 1
             if hides:
                 self.hidden += 1
         if hides:
@@ -206,11 +216,12 @@ class _TextWriter(HTMLParser):
         if index is None:
             if tag == "p":  # a stray </p> is read as <p></p>
                 self.handle_starttag("p", [])
-                self.handle_endtag("p")
+                # Closed where it was opened (nowhere, past MAX_DEPTH).
+                self._close(self._find({"p"}, _BUTTON_SCOPE))
             return  # an end tag of nothing open is ignored
         if tag in _FORMATTING and any(e.tag in _SPECIAL for e in self.stack[index + 1:]):
             # The blocks opened inside it stay open, now outside it.
-            self._end(self.stack.pop(index))
+            self._end(self._pop(index))
         else:
             self._close(index)
 
@@ -225,6 +236,8 @@ class _TextWriter(HTMLParser):
     def _find(self, tags: Collection[str], scope: Collection[str]) -> int | None:
         """Where the innermost open element among ``tags`` is on the stack, if
         one is open inside the innermost element of ``scope``."""
+        if not any(self.open[tag] for tag in tags):
+            return None  # the common case, in constant time
         for index in range(len(self.stack) - 1, -1, -1):
             name = self.stack[index].tag
             if name in tags:
@@ -249,7 +262,8 @@ class _TextWriter(HTMLParser):
             # The open item, unless a block other than address, div or p (a
             # nested list, say) stands between.
             items = ("li",) if tag == "li" else ("dd", "dt")
-            for index in range(len(self.stack) - 1, -1, -1):
+            for index in range(len(self.stack) - 1 if any(map(self.open.get, items)) else -1,
+                               -1, -1):
                 name = self.stack[index].tag
                 if name in items:
                     self._close(index)
@@ -264,7 +278,9 @@ class _TextWriter(HTMLParser):
             # The outermost open row part of the same table: closing it closes
             # what is inside it.
             outermost = None
-            for index in range(len(self.stack) - 1, -1, -1):
+            parts = _CLOSES_CELLS[tag]
+            for index in range(len(self.stack) - 1 if any(map(self.open.get, parts)) else -1,
+                               -1, -1):
                 name = self.stack[index].tag
                 if name in _TABLE_SCOPE:
                     break
@@ -286,7 +302,12 @@ class _TextWriter(HTMLParser):
         if index is None:
             return
         while len(self.stack) > index:
-            self._end(self.stack.pop())
+            self._end(self._pop(len(self.stack) - 1))
+
+    def _pop(self, index: int) -> _Open:
+        element = self.stack.pop(index)
+        self.open[element.tag] -= 1
+        return element
 
     def _end(self, element: _Open) -> None:
         if element.hides:
