@@ -173,3 +173,19 @@ async def test_a_sent_broadcast_keeps_its_doctype_first(
         '<!DOCTYPE html><html><head><meta charset="utf-8"></head>'
         f'<body style="margin:0">{PREHEADER}Spring sale</div><p>Hi Ada</p></body></html>'
     )
+
+
+def test_a_body_tag_inside_a_title_a_script_or_an_attribute_is_not_the_body() -> None:
+    cases = [
+        ('<html><head><title>Sale <body> deals</title></head><body><p>Hi</p>',
+         '<html><head><title>Sale <body> deals</title></head><body>'),
+        ('<head><script>var s="<body>";</script></head><body>X',
+         '<head><script>var s="<body>";</script></head><body>'),
+        ('<head><meta content="<body>"></head><body>X',
+         '<head><meta content="<body>"></head><body>'),
+        ('<body data-x="a>b">X', '<body data-x="a>b">'),
+        ('<html>\r\n<head><title>a\r\n<body></title>\n</head>\r\n<body\n class=x>\nX',
+         '<html>\r\n<head><title>a\r\n<body></title>\n</head>\r\n<body\n class=x>'),
+    ]
+    for html, before in cases:
+        assert html[: preheader_offset(html)] == before, html

@@ -33,6 +33,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from typing import Any
 from uuid import UUID
 
@@ -86,8 +87,42 @@ def preheader(preview_text: str) -> str:
 # Searched in the html with placeholders and comments blanked out, so that
 # neither a placeholder nor a commented-out tag (an Outlook conditional) counts.
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
-_BODY_TAG = re.compile(r"<body(?=[\s/>])[^>]*>", re.IGNORECASE)
-_HEAD_END = re.compile(r"</head\s*>", re.IGNORECASE)
+
+
+class _BodyFinder(HTMLParser):
+    """Where the body's start tag (else the head's end tag) ends, as a parser
+    reads them: not a ``<body>`` inside a title, a script or an attribute."""
+
+    TEXT_ONLY = ("title", "textarea")
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=False)
+        self._text = text
+        # Where each line starts: the parser counts lines by "\n" alone.
+        self._lines = [0, *(m.end() for m in re.finditer("\n", text))]
+        self._in_text = ""
+        self.body_end: int | None = None
+        self.head_end: int | None = None
+
+    def _offset(self) -> int:
+        line, column = self.getpos()
+        return self._lines[line - 1] + column
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self._in_text:
+            return
+        if tag in self.TEXT_ONLY:
+            self._in_text = tag
+        elif tag == "body" and self.body_end is None:
+            self.body_end = self._offset() + len(self.get_starttag_text() or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == self._in_text:
+            self._in_text = ""
+        elif tag == "head" and not self._in_text and self.head_end is None:
+            self.head_end = self._text.find(">", self._offset()) + 1
+
+
 _DOCUMENT_START = re.compile(
     r"(?:\s*(?:<!doctype[^>]*>|<html(?=[\s/>])[^>]*>))*", re.IGNORECASE
 )
@@ -101,9 +136,12 @@ def preheader_offset(html: str) -> int:
     else at the very start."""
     masked = _COMMENT.sub(lambda m: " " * len(m.group()), html)
     masked = _PLACEHOLDER.sub(lambda m: "_" * len(m.group()), masked)
-    found = _BODY_TAG.search(masked) or _HEAD_END.search(masked)
-    if found is not None:
-        return found.end()
+    finder = _BodyFinder(masked)
+    finder.feed(masked)
+    finder.close()
+    found = finder.body_end if finder.body_end is not None else finder.head_end
+    if found:
+        return found
     start = _DOCUMENT_START.match(masked)
     return 0 if start is None else start.end()
 
