@@ -39,6 +39,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -58,7 +59,7 @@ from tidings.storage.connection import (
     TrioConnection,
     returned,
 )
-from tidings.storage.embedded import start_embedded, watch_embedded
+from tidings.storage.embedded import revive_embedded, start_embedded
 from tidings.storage.migrate import migrate
 
 __all__ = [
@@ -234,6 +235,20 @@ async def open_asyncio_bridge() -> AsyncIterator[None]:
         return
     async with trio_asyncio.open_loop():
         yield
+
+
+# How often a process looks whether the embedded server still runs.
+WATCH_SECONDS = 2.0
+
+
+async def watch_embedded(data_dir: Path, every: float = WATCH_SECONDS) -> None:
+    """Keep the embedded server of ``data_dir`` running while this process runs."""
+    while True:
+        await trio.sleep(every)
+        try:
+            await trio.to_thread.run_sync(revive_embedded, data_dir)
+        except Exception:  # a start that failed: logged, and tried again
+            log.exception("the embedded PostgreSQL in %s could not be started again", data_dir)
 
 
 @asynccontextmanager

@@ -4,8 +4,8 @@ Every process that uses the same data dir joins one server, which stops when
 the last of them exits. A process killed with ``kill -9`` never leaves
 pgserver's list of users, so each process forgets the dead ones when it
 starts and when it exits. A server that stops under the processes using it
-(killed, out of memory) is started again by :func:`watch_embedded`, which
-each of them runs: the first to see it gone starts it, under pgserver's
+(killed, out of memory) is started again by ``tidings.storage.db.watch_embedded``,
+which each of them runs: the first to see it gone starts it, under pgserver's
 lock, and the pools reconnect to the same socket.
 """
 
@@ -18,13 +18,7 @@ import os
 import warnings
 from pathlib import Path
 
-import trio
-
 log = logging.getLogger("tidings.storage")
-
-# How often a process looks whether the embedded server still runs.
-WATCH_SECONDS = 2.0
-
 
 def start_embedded(data_dir: Path) -> str:
     """Start (or join) the embedded PostgreSQL in ``data_dir``; return its admin URL.
@@ -120,13 +114,3 @@ def revive_embedded(data_dir: Path) -> bool:
         log.warning("the embedded PostgreSQL in %s has stopped: starting it again", pgdata)
         server.ensure_postgres_running()
         return True
-
-
-async def watch_embedded(data_dir: Path, every: float = WATCH_SECONDS) -> None:
-    """Keep the embedded server of ``data_dir`` running while this process runs."""
-    while True:
-        await trio.sleep(every)
-        try:
-            await trio.to_thread.run_sync(revive_embedded, data_dir)
-        except Exception:  # a start that failed: logged, and tried again
-            log.exception("the embedded PostgreSQL in %s could not be started again", data_dir)
