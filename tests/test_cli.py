@@ -24,7 +24,8 @@ from unittest import mock
 import pytest
 
 from tidings import __version__, cli
-from tidings.cli import parser
+from tidings.cli import parser, where_the_database_is
+from tidings.config import Config
 from tidings.storage.db import with_database
 
 COMMANDS = {
@@ -219,6 +220,17 @@ def test_an_unreachable_database_is_one_line_and_exit_1(
         tidings(COMMANDS[command], tmp_path, DATABASE_URL=url), "cannot use the database", word
     )
     assert "DATABASE_URL" in line
+
+
+def test_the_database_is_named_as_given_without_its_password() -> None:
+    shown = {
+        # An empty authority: the "//" stays.
+        "postgresql:///tidings?host=/nonexistent": "postgresql:///tidings?host=/nonexistent",
+        "postgresql://": "postgresql://",
+        "postgresql://app:s3cret@db.example:5433/tidings": "postgresql://db.example:5433/tidings",
+    }
+    for url, expected in shown.items():
+        assert where_the_database_is(Config(database_url=url)) == f"{expected} (DATABASE_URL)"
 
 
 def test_a_missing_database_is_one_line_and_exit_1(pg_admin_url: str, tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 import asyncpg
@@ -307,9 +306,11 @@ def listen_failure(error: BaseException) -> str | None:
 def where_the_database_is(config: Config) -> str:
     if config.database_url is None:
         return f"the embedded PostgreSQL in {config.data_dir} (TIDINGS_DATA_DIR)"
-    parts = urlsplit(config.database_url)
-    shown = parts._replace(netloc=parts.netloc.rpartition("@")[2])
-    return f"{shown_url(urlunsplit(shown))} (DATABASE_URL)"
+    # The URL as given, less any user and password (urlunsplit would drop an empty "//").
+    scheme, separator, rest = config.database_url.partition("://")
+    cut = min([rest.index(c) for c in "/?#" if c in rest] or [len(rest)])
+    host = rest[:cut].rpartition("@")[2]
+    return f"{shown_url(scheme + separator + host + rest[cut:])} (DATABASE_URL)"
 
 
 def check_listen_address(host: str, port: int) -> None:
