@@ -21,7 +21,6 @@ the supervisor's ``on_give_up``.
 from __future__ import annotations
 
 import logging
-import secrets
 from dataclasses import dataclass
 from uuid import UUID, uuid4
 
@@ -32,6 +31,7 @@ from tidings.actors.emails import Emails
 from tidings.actors.mailbox import Mailbox
 from tidings.actors.policy import Intensity
 from tidings.actors.runtime import Runtime
+from tidings.actors.service_keys import SharedKey
 from tidings.actors.supervisor import Actor
 from tidings.addresses import Mailbox as Sender
 from tidings.config import Config
@@ -39,7 +39,6 @@ from tidings.storage import broadcasts_fanout as fanout
 from tidings.storage.broadcasts import DUE_CHANNEL, Broadcast
 from tidings.storage.broadcasts_batch import Batch, queue_counted
 from tidings.storage.broadcasts_render import Plan, Renderer
-from tidings.storage.broadcasts_unsubscribe import service_key
 from tidings.storage.db import Database
 from tidings.storage.domains import sending_domain
 from tidings.storage.quotas import QuotaExceeded
@@ -61,20 +60,11 @@ class Broadcasts:
         # Leases this process writes carry this id.
         self.owner = uuid4()
         self.fanout: Due[UUID] | None = None
-        self._key: TokenKey | None = None
-        self._key_lock = trio.Lock()
+        self._key = SharedKey(db, config.secret_key, KEY_NAME, TokenKey, TokenKey.derived)
 
     async def token_key(self) -> TokenKey:
-        """The unsubscribe signing key: from TIDINGS_SECRET_KEY, else the one
-        kept in the database (made by the first process that needs it)."""
-        async with self._key_lock:
-            if self._key is None:
-                if self.config.secret_key is not None:
-                    self._key = TokenKey.derived(self.config.secret_key)
-                else:
-                    raw = await self.db.run(service_key, KEY_NAME, secrets.token_bytes(32))
-                    self._key = TokenKey(raw)
-            return self._key
+        """The unsubscribe signing key (``tidings.actors.service_keys``)."""
+        return await self._key.get()
 
     def wake(self, broadcast_id: UUID) -> None:
         if self.fanout is not None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import random
-import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -31,6 +30,7 @@ import trio
 from tidings.actors.drain import Drain
 from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
 from tidings.actors.runtime import Runtime
+from tidings.actors.service_keys import SharedKey
 from tidings.config import Config
 from tidings.email.bounce_addresses import KEY_NAME, BounceKey
 from tidings.providers.email import (
@@ -41,7 +41,6 @@ from tidings.providers.email import (
     OutgoingEmail,
 )
 from tidings.storage import emails_sending as store
-from tidings.storage.broadcasts_unsubscribe import service_key
 from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
 from tidings.storage.domains import SendingDomain, domain_key, verified_domain_ids
@@ -68,23 +67,13 @@ class Emails:
         # Attempts by what they recorded: sent, retrying, failed, suppressed.
         self.attempts: Counter[str] = Counter()
         self._keys: dict[UUID, SendingDomain] = {}
-        self._bounce_key: BounceKey | None = None
-        self._bounce_key_lock = trio.Lock()
+        self._bounce_key = SharedKey(
+            db, config.secret_key, KEY_NAME, BounceKey, BounceKey.derived
+        )
 
     async def bounce_key(self) -> BounceKey:
-        """The key that tags bounce addresses: from TIDINGS_SECRET_KEY, else the
-        one kept in the database (made by the first process that needs it).
-        Read once per process."""
-        if self._bounce_key is not None:
-            return self._bounce_key
-        async with self._bounce_key_lock:
-            if self._bounce_key is None:
-                if self.config.secret_key is not None:
-                    self._bounce_key = BounceKey.derived(self.config.secret_key)
-                else:
-                    raw = await self.db.run(service_key, KEY_NAME, secrets.token_bytes(32))
-                    self._bounce_key = BounceKey(raw)
-            return self._bounce_key
+        """The key that tags bounce addresses (``tidings.actors.service_keys``)."""
+        return await self._bounce_key.get()
 
     async def domain(self, domain_id: UUID | None) -> SendingDomain | None:
         """The key of the verified domain ``domain_id`` (None: not verified).
