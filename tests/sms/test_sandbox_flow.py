@@ -234,3 +234,14 @@ async def test_a_message_to_a_number_that_opted_out_after_acceptance_fails(
     failed = await settled(sms_client, scheduled["id"], "failed")
     assert failed["failure"]["code"] == "opted_out"
 
+
+
+async def test_a_reply_to_an_alphanumeric_sender_id_belongs_to_no_team(
+    sms_client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """Several teams may hold the name ``Acme``, and nobody can reply to a
+    name: a STOP "to" it opts the number out of no team's messages."""
+    answer = await inbound(http, From=NUMBER, To="Acme", Body="STOP", MessageSid="SM12")
+    assert answer.status_code == 200
+    assert ok(await sms_client.get("/suppressions"))["data"] == []
+    await send(sms_client)  # still 202: the number did not opt out of acme

@@ -42,8 +42,11 @@ DELETE = "DELETE FROM sender_ids WHERE team_id = $1 AND id = $2 RETURNING id"
 
 # The teams that own an approved sender ID of this value (an inbound reply
 # names the number it was sent to).
+# Only a number takes replies: an alphanumeric name, which several teams may
+# hold, owns none (a reply "to" one is no team's to act on).
 TEAMS_OF_VALUE = """
-SELECT DISTINCT team_id FROM sender_ids WHERE value = ANY($1::text[]) AND status = 'approved'
+SELECT DISTINCT team_id FROM sender_ids
+WHERE value = ANY($1::text[]) AND status = 'approved' AND type <> 'alphanumeric'
 """
 
 # Pending sender IDs of every team not asked about for $1 seconds, oldest
@@ -125,7 +128,7 @@ async def delete_sender_id(conn: Connection, team_id: UUID, sender_id: UUID) -> 
 
 
 async def teams_of_sender(conn: Connection, spellings: Sequence[str]) -> list[UUID]:
-    """The teams with an approved sender ID spelled one of ``spellings``."""
+    """The teams with an approved long or short code spelled one of ``spellings``."""
     return [row["team_id"] for row in await conn.fetch(TEAMS_OF_VALUE, list(spellings))]
 
 
