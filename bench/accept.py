@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from bench.api import SETTLE_SECONDS, cpu_seconds
-from bench.harness import HarnessError, Service, log, running_service
+from bench.harness import HarnessError, Service, log, postgres_cpu, running_service
 from bench.loadgen import CONTACT_BODY, run_wrk, wrk_available
 
 DOMAIN = "bench.example"
@@ -116,13 +116,18 @@ def measure(service: Service, token: str, phase: str, idempotent: bool,
              "-d", str(max(1, round(args.seconds))), "-o", str(profile), "-p", str(pid)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-    cpu = cpu_seconds(pid)
+    cpu, pg = cpu_seconds(pid), postgres_cpu(service)
     result = wrk(service, token, phase, idempotent, args.seconds, args.connections)
     used = cpu_seconds(pid) - cpu
+    pg_after = postgres_cpu(service)
+    pg_used = sum(pg_after[p] - pg.get(p, 0.0) for p in pg_after)
     if spy is not None:
         spy.wait(30)
     accepted = result["accepted"]
     result["server_cpu_ms_per_request"] = round(used * 1000 / accepted, 3) if accepted else None
+    result["postgres_cpu_ms_per_request"] = (
+        round(pg_used * 1000 / accepted, 3) if accepted and pg_after else None
+    )
     return result
 
 
@@ -149,14 +154,16 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                 figures[name] = result = measure(service, token, phase, idempotent, args, profile)
                 log(f"round {number + 1} {name}: {result['requests_per_s']}/s, "
                     f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
-                    f"{result['errors']} errors, {result['server_cpu_ms_per_request']} ms CPU")
+                    f"{result['errors']} errors, {result['server_cpu_ms_per_request']} ms CPU, "
+                    f"PostgreSQL {result['postgres_cpu_ms_per_request']} ms")
             rounds.append(figures)
         service.stop()
     medians: dict[str, dict[str, float]] = {}
     for name in rounds[0]:
         medians[name] = {
             key: round(statistics.median(r[name][key] for r in rounds), 3)
-            for key in ("requests_per_s", "server_cpu_ms_per_request", "p99_ms")
+            for key in ("requests_per_s", "server_cpu_ms_per_request",
+                        "postgres_cpu_ms_per_request", "p99_ms")
             if all(r[name][key] is not None for r in rounds)
         }
     reference = medians.get("contacts", {}).get("requests_per_s")
