@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from uuid import uuid4
 
 import httpx
 import pytest
@@ -15,6 +16,7 @@ from tidings.app import serve_http
 from tidings.config import Config
 from tidings.http.idempotency_key import fingerprint
 from tidings.service import Service, open_service
+from tidings.storage import idempotency as records
 
 KEY = "Idempotency-Key"
 
@@ -308,3 +310,33 @@ async def test_spellings_of_one_route_path_are_one_request(
         )
         assert again.content == first.content
     assert await count_contacts(service) == 1
+
+
+async def test_a_claim_alone_commits_without_waiting_for_the_disk(service: Service) -> None:
+    """A claim made outside a transaction commits asynchronously: right after
+    it, WAL has been written that is not yet flushed (a synchronous commit
+    returns only once its record is on disk). The setting is the claim's
+    own: the session, and a transaction after it, commit synchronously."""
+    unflushed = 0
+    async with service.db.acquire() as conn:
+        for attempt in range(5):
+            claimed = await records.begin(
+                conn, uuid4(), f"quick-{attempt}", b"fingerprint",
+                lock_seconds=30, retention_seconds=60,
+            )
+            assert isinstance(claimed, records.Claimed)
+            unflushed += await conn.fetchval(
+                "SELECT pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()"
+            )
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        assert unflushed > 0
+        async with conn.transaction():
+            inside = await records.begin(
+                conn, uuid4(), "in-a-transaction", b"fingerprint",
+                lock_seconds=30, retention_seconds=60,
+            )
+            assert isinstance(inside, records.Claimed)
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        assert not await conn.fetchval(
+            "SELECT pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()"
+        )

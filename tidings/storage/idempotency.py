@@ -13,9 +13,11 @@ from uuid import UUID, uuid4
 from tidings.storage.connection import Connection
 
 # One round trip: claim the key (new, or its old record past retention), or
-# read the live record that holds it.
-BEGIN = """
-WITH claimed AS (
+# read the live record that holds it. ``{quick}``: see ``begin``.
+_BEGIN = """
+WITH quick AS MATERIALIZED (
+    SELECT {quick} AS value
+), claimed AS (
     INSERT INTO idempotency_keys AS k
         (scope, key, fingerprint, claim, status, locked_until, expires_at)
     VALUES ($1, $2, $3, $6, 'processing',
@@ -30,12 +32,14 @@ WITH claimed AS (
 SELECT true AS claimed, NULL::bytea AS fingerprint, NULL::text AS status,
        NULL::boolean AS lock_expired, NULL::integer AS response_status,
        NULL::bytea AS response_body
-FROM claimed
+FROM claimed, quick
 UNION ALL
 SELECT false, fingerprint, status, locked_until <= now(), response_status, response_body
 FROM idempotency_keys
 WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)
 """
+BEGIN = _BEGIN.format(quick="''")
+BEGIN_ALONE = _BEGIN.format(quick="set_config('synchronous_commit', 'off', true)")
 
 COMPLETE = """
 UPDATE idempotency_keys
@@ -100,9 +104,17 @@ async def begin(
 ) -> Attempt:
     """Claim ``key`` for a new request, or report what already holds it."""
     claim = uuid4()
+    # A claim made on its own, outside a transaction (as every caller does),
+    # commits without waiting for its WAL to reach the disk: it is visible to
+    # a concurrent duplicate at once all the same, and nothing that depends on
+    # it is answered before the request's own transaction commits, whose flush
+    # takes the claim's WAL (written earlier) with it. A crash in between
+    # loses both, and the key is free again. The setting is local: it ends
+    # with the claim's own transaction.
+    statement = BEGIN if conn.is_in_transaction() else BEGIN_ALONE
     while True:
         row = await conn.fetchrow(
-            BEGIN, scope, key, fingerprint, lock_seconds, retention_seconds, claim
+            statement, scope, key, fingerprint, lock_seconds, retention_seconds, claim
         )
         if row is None:
             # A concurrent claim committed after this statement's snapshot:
