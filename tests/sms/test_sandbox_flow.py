@@ -245,3 +245,18 @@ async def test_a_reply_to_an_alphanumeric_sender_id_belongs_to_no_team(
     assert answer.status_code == 200
     assert ok(await sms_client.get("/suppressions"))["data"] == []
     await send(sms_client)  # still 202: the number did not opt out of acme
+
+
+async def test_events_of_one_moment_are_listed_newest_first(
+    sms_client: httpx.AsyncClient,
+) -> None:
+    """Events recorded in one transaction share ``created_at``; the list
+    still gives them newest first, as they happened, not by their ids."""
+    ids = [(await send(sms_client))["id"] for _ in range(6)]
+    for sms_id in ids:
+        await settled(sms_client, sms_id, "delivered")
+    listed = ok(await sms_client.get("/events", params={"limit": 100}))["data"]
+    lifecycle = ["queued", "processing", "submitted", "sent", "delivered"]
+    for sms_id in ids:
+        mine = [e["type"].removeprefix("message.") for e in listed if e["message_id"] == sms_id]
+        assert mine == lifecycle[::-1], (sms_id, mine)

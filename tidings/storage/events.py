@@ -186,13 +186,16 @@ async def list_events(
     type: str | None = None,
     message_id: UUID | None = None,
 ) -> list[Event]:
+    # Newest first. The events of one transaction share ``created_at``; their
+    # ``occurred_at`` says which came first (a message's moves are stamped
+    # apart), the id only breaks what is left.
     rows = await conn.fetch(
         f"""
         SELECT {EVENT_COLUMNS} FROM events
         WHERE team_id = $1
           AND ($2::text IS NULL OR type = $2)
           AND ($3::uuid IS NULL OR message_id = $3)
-        ORDER BY created_at DESC, id DESC
+        ORDER BY created_at DESC, occurred_at DESC, id DESC
         LIMIT $4 OFFSET $5
         """,
         team_id,
