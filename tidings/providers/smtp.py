@@ -48,6 +48,12 @@ IDLE_SECONDS = 60.0
 # Worker threads that build and sign messages at once, and messages per thread hop.
 RENDER_THREADS = 2
 RENDER_BATCH = 16
+# An email whose html and text together are larger than this is built in a
+# lane of its own, one at a time. Deriving the text part of a large html
+# document takes seconds (about 50 µs an element); in the common lane a few
+# such emails would hold both threads, and every other email, of every team,
+# would wait behind them.
+LARGE_BYTES = 64 * 1024
 
 
 def render(email: OutgoingEmail) -> bytes:
@@ -86,8 +92,9 @@ class Renderer:
     waiting (up to ``RENDER_BATCH``) per trip to a thread: a trip costs the
     event loop about as much CPU as building a message."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, batch: int = RENDER_BATCH) -> None:
         self._threads = threads
+        self._batch = batch
         self._running = 0
         self._queue: list[_Job] = []
 
@@ -101,8 +108,8 @@ class Renderer:
                 # nobody waits for a job that no one will render.
                 with trio.CancelScope(shield=True):
                     while self._queue:
-                        batch = self._queue[:RENDER_BATCH]
-                        del self._queue[:RENDER_BATCH]
+                        batch = self._queue[:self._batch]
+                        del self._queue[:self._batch]
                         await trio.to_thread.run_sync(_render_all, batch)
                         for done in batch:
                             done.done.set()
@@ -179,6 +186,7 @@ class SmtpProvider:
         self._slots = trio.CapacityLimiter(connections)
         # Building and signing (CPU; OpenSSL's RSA runs without the GIL).
         self._renderer = Renderer(RENDER_THREADS)
+        self._large_renderer = Renderer(1, batch=1)
         self._idle: list[tuple[SmtpConnection, float]] = []
         self._stale: list[SmtpConnection] = []
         # Connections opened so far: tests and metrics see reuse with it.
@@ -188,7 +196,9 @@ class SmtpProvider:
         """One transaction per recipient, each from its own bounce address,
         with the same signed message (DKIM does not cover the envelope), one
         after another on one pooled connection."""
-        message = await self._renderer.render(email)
+        size = len(email.html or "") + len(email.text or "")
+        lane = self._large_renderer if size > LARGE_BYTES else self._renderer
+        message = await lane.render(email)
         domain = email.dkim.domain if email.dkim else parseaddr(email.sender)[1].rpartition("@")[2]
         reference = message_id(email.message_id, domain)
         outcomes: list[EmailOutcome] = []

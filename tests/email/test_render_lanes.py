@@ -1,0 +1,48 @@
+"""Large emails are built in a lane of their own: deriving the text part of
+a large html document takes seconds, and the emails behind it must not wait."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import trio
+
+from tests.email.conftest import smtp_config
+from tests.email.helpers import send
+from tests.email.smtp_sink import Sink, running_sink
+from tidings.config import Config
+from tidings.providers.smtp import LARGE_BYTES
+
+
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+@pytest.fixture
+def port(sink: Sink) -> Iterator[int]:
+    with running_sink(sink) as port:
+        yield port
+
+
+@pytest.fixture
+def config(database_url: str, port: int) -> Config:
+    return smtp_config(database_url, port)
+
+
+async def test_a_small_email_is_not_built_behind_large_ones(
+    client: httpx.AsyncClient, acme_domain: str, sink: Sink
+) -> None:
+    """Three emails of 160 KB of html (their text parts derived: about a
+    second each) and then a one-line email: the one-line email arrives first."""
+    html = "<p>x</p>" * 20_000
+    assert len(html) > LARGE_BYTES
+    large = [await send(client, to=f"large{n}@example.com", html=html) for n in range(3)]
+    await send(client, to="small@example.com", html="<p>hi</p>")
+    with trio.fail_after(60):
+        while len(sink.messages) < len(large) + 1:
+            await trio.sleep(0.05)
+    order = [message.recipients[0] for message in sink.messages]
+    assert order[0] == "small@example.com", order
