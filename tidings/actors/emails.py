@@ -227,7 +227,10 @@ class SendJob:
     While emails wait for the provider (its connections may all be busy) or
     are being sent, their leases are renewed every third of the lease, so
     that another process never takes up an email this one is still sending.
-    An email whose lease was lost anyway (this process stalled) is not sent.
+    An email whose lease was lost anyway (this process stalled) is not sent,
+    and nothing is recorded for it. An email handed back after its attempt
+    began (cut short, or not recorded) may have reached some recipients: it
+    is given back as taken up (``store.give_back``), never as scheduled.
     """
 
     def __init__(self, team_id: UUID, emails: Emails) -> None:
@@ -235,6 +238,9 @@ class SendJob:
         self._emails = emails
         self._held: set[UUID] = set()
         self._lost: set[UUID] = set()
+        # Held emails whose attempt began; those skipped because their lease was lost.
+        self._begun: set[UUID] = set()
+        self._skipped: set[UUID] = set()
         # Of each claimed email, its verified domain's id as the claim found it.
         self._domain_ids: dict[UUID, UUID | None] = {}
 
@@ -253,7 +259,8 @@ class SendJob:
             held = list(self._held)
             if held:
                 kept = await emails.db.run(store.renew, held, emails.owner, lease)
-                self._lost.update(set(held) - kept)
+                # Not those recorded or released meanwhile: their leases ended here.
+                self._lost.update((set(held) - kept) & self._held)
 
     async def claim(self, limit: int) -> Batch[store.Claimed]:
         emails = self._emails
@@ -268,31 +275,40 @@ class SendJob:
     async def perform(self, item: store.Claimed) -> store.Attempted:
         domain_id = self._domain_ids.pop(item.id, None)
         if item.id in self._lost:
-            # Another process may have it now: leave it alone (recording will skip it).
+            # Another process may have it now: leave it alone. Nothing is
+            # recorded for it: an attempt that sent nothing must not write
+            # the email as done, were the lease this process's after all.
+            self._skipped.add(item.id)
             return store.Attempted(item, None, None, None, None, self._emails.provider.name, [])
+        self._begun.add(item.id)
         return await self._emails.attempt(item, domain_id)
 
     async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
         emails = self._emails
-        attempted = [outcome for _item, outcome in done]
-        try:
-            await emails.db.run(store.record_attempts, emails.owner, attempted)
-        finally:
-            self._forget([item for item, _outcome in done])
+        attempted = [outcome for item, outcome in done if item.id not in self._skipped]
+        skipped = [item.id for item, _outcome in done if item.id in self._skipped]
+        # Not recorded, the batch is handed back (``release``), which forgets it.
+        await emails.db.run(store.record_attempts, emails.owner, attempted, skipped)
+        self._forget([item for item, _outcome in done])
         if any(a.followups for a in attempted) and emails.followups is not None:
             emails.followups.wake(FOLLOWUPS)
 
     async def release(self, items: Sequence[store.Claimed]) -> None:
         emails = self._emails
+        begun = [item.id for item in items if item.id in self._begun]
+        unbegun = [item.id for item in items if item.id not in self._begun]
         try:
-            await emails.db.run(store.release, [item.id for item in items], emails.owner)
+            if begun:
+                await emails.db.run(store.give_back, begun, emails.owner)
+            if unbegun:
+                await emails.db.run(store.release, unbegun, emails.owner)
         finally:
             self._forget(items)
 
     def _forget(self, items: Sequence[store.Claimed]) -> None:
         for item in items:
-            self._held.discard(item.id)
-            self._lost.discard(item.id)
+            for ids in (self._held, self._lost, self._begun, self._skipped):
+                ids.discard(item.id)
 
 
 def start_emails(

@@ -48,9 +48,13 @@ LEFT JOIN LATERAL (
 WHERE e.team_id = $1 AND e.id = $2
 """
 
-# Only a scheduled email that no process has taken up to send.
+# Only a scheduled email that no process has taken up to send. A lease that
+# ran out without its attempt recorded (the process died) or an attempt cut
+# short (tidings.storage.emails_sending.give_back) keeps ``lease_owner``: that
+# attempt may have reached some recipients, so the email is no longer
+# scheduled, whatever its status says until the next attempt records it.
 STILL_SCHEDULED = """
-status = 'scheduled' AND (leased_until IS NULL OR leased_until < now())
+status = 'scheduled' AND lease_owner IS NULL
 """
 
 RESCHEDULE = f"""
@@ -66,7 +70,10 @@ WHERE team_id = $1 AND id = $2 AND {STILL_SCHEDULED}
 RETURNING {EMAIL_COLUMNS}
 """
 
-EXISTS = "SELECT status FROM emails WHERE team_id = $1 AND id = $2"
+EXISTS = """
+SELECT CASE WHEN status = 'scheduled' THEN 'being sent' ELSE status END
+FROM emails WHERE team_id = $1 AND id = $2
+"""
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,8 @@ async def list_email_events(
 
 
 class NotScheduled(Exception):
-    """The email exists but is no longer scheduled; ``status`` is what it is."""
+    """The email exists but is no longer scheduled; ``status`` is what it is,
+    or ``being sent`` for a scheduled email a process has taken up."""
 
     def __init__(self, status: str) -> None:
         super().__init__(status)

@@ -79,6 +79,14 @@ WHERE t.id = r.id AND t.lease_owner = $1
 RETURNING t.id
 """
 
+# Emails whose attempt began and was not recorded (cut short, or its
+# recording failed), handed back to be tried again at once: the lease runs
+# out now but keeps its owner, which tells cancel and PATCH that an attempt
+# may have reached some recipients (tidings.storage.emails_manage).
+GIVE_BACK = """
+UPDATE emails SET leased_until = now() WHERE id = ANY($1) AND lease_owner = $2
+"""
+
 INSERT_FOLLOWUPS = """
 INSERT INTO email_followups (email_id, recipient, type, due_at, provider, code, message)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
@@ -196,13 +204,24 @@ async def renew(
 
 
 async def release(conn: Connection, ids: Sequence[UUID], owner: UUID) -> None:
+    """Hand back emails whose attempt never began: as if never claimed."""
     await conn.execute(LEASES.release, list(ids), owner)
 
 
-async def record_attempts(conn: Connection, owner: UUID, done: Sequence[Attempted]) -> int:
+async def give_back(conn: Connection, ids: Sequence[UUID], owner: UUID) -> None:
+    """Hand back emails whose attempt began but was not recorded (``GIVE_BACK``)."""
+    await conn.execute(GIVE_BACK, list(ids), owner)
+
+
+async def record_attempts(
+    conn: Connection, owner: UUID, done: Sequence[Attempted], skipped: Sequence[UUID] = ()
+) -> int:
     """Record attempts whose lease this process still holds, with their events,
-    followups and suppressions, in one transaction; returns how many."""
+    followups and suppressions, in one transaction; returns how many. The
+    emails ``skipped`` (their attempt never began) are released in it."""
     async with conn.transaction():
+        if skipped:
+            await conn.execute(LEASES.release, list(skipped), owner)
         rows = await conn.fetch(
             RECORD_ATTEMPTS,
             owner,
