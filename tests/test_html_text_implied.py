@@ -119,3 +119,19 @@ def test_elements_deeper_than_the_cap_keep_their_text() -> None:
     assert html_to_text(deep) == "kept\n\nafter"
     hidden = "<div>" * (MAX_DEPTH - 5) + '<span hidden>gone</span>shown'
     assert html_to_text(hidden) == "shown"
+
+
+@pytest.mark.parametrize(("html", "text"), [
+    ("<p>hi<!-- a comment the document never closes", "hi"),
+    ("<p>hi<!-- closed --> there<!-- not closed <p>gone", "hi there"),
+    ('<p>hi<b class="x', "hi"),
+    ("<p>hi</p", "hi"),
+    ("<p>hi<!doctype", "hi"),
+    ("<p>hi<?php echo 1", "hi"),
+    ("<p>x<", "x<"),  # a lone "<" at the end is text, for a browser too
+    ("<p>a < b", "a < b"),
+])
+def test_markup_cut_off_by_the_end_of_the_document_is_not_text(html: str, text: str) -> None:
+    """A browser reads an unclosed comment to the end of the document and
+    drops an unfinished tag: neither shows, so the text part shows neither."""
+    assert html_to_text(html) == text

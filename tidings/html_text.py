@@ -350,12 +350,20 @@ class _TextWriter(HTMLParser):
         self.text(f" ({href})" if label else href)
 
     def result(self) -> str:
+        # Markup the document ends in the middle of (an unclosed comment, tag
+        # or declaration) is no text for a browser: a comment runs to the
+        # end, the rest is dropped. The parser would give it back as text.
+        if _UNFINISHED.match(self.rawdata):
+            self.rawdata = ""
         self.close()
         self._close(0)  # what is still open ends with the document
         text = _INVISIBLE.sub("", "".join(self.out)).replace("\xa0", " ")
         text = _TRAILING.sub("\n", text)
         text = _BLANKS.sub("\n\n", text)
         return text.strip("\n ").rstrip()
+
+
+_UNFINISHED = re.compile(r"<[a-zA-Z/!?]")
 
 
 def _hides(attrs: list[tuple[str, str | None]]) -> bool:
