@@ -129,14 +129,14 @@ async def cut_short(database_url: str, sink: HeldSink, port: int, *, scheduled: 
     return email_id
 
 
-async def refused(database_url: str, email_id: UUID) -> None:
-    """PATCH's and cancel's storage calls both refuse the email (409), while
-    no process runs that could take it up meanwhile."""
+async def refused(database_url: str, email_id: UUID, shown: str = "being sent") -> None:
+    """PATCH's and cancel's storage calls both refuse the email (409) as
+    ``shown``, while no process runs that could take it up meanwhile."""
     async with triopg.connect(database_url) as conn:
         team_id = await conn.fetchval("SELECT team_id FROM emails WHERE id = $1", email_id)
         with pytest.raises(NotScheduled) as refusal:
             await reschedule(conn, team_id, email_id, datetime.now(UTC) + timedelta(hours=1))
-        assert refusal.value.status == "being sent"
+        assert refusal.value.status == shown
         with pytest.raises(NotScheduled):
             async with conn.transaction():
                 await cancel(conn, team_id, email_id)
@@ -146,10 +146,10 @@ async def test_a_send_cut_short_is_not_scheduled_any_more(
     database_url: str, sink: HeldSink, port: int
 ) -> None:
     """A scheduled email whose first attempt was cut short after a recipient
-    had its message is no longer scheduled: cancel and PATCH are 409; the
-    next process takes it up."""
+    had its message is no longer scheduled (that recipient's ``sent`` is
+    recorded): cancel and PATCH are 409; the next process takes it up."""
     email_id = await cut_short(database_url, sink, port, scheduled=True)
-    await refused(database_url, UUID(email_id))
+    await refused(database_url, UUID(email_id), "sent")
     sink.hold = False
     async with api(database_url, port) as (service, base_url):
         async with service.db.acquire() as conn:
@@ -255,3 +255,18 @@ async def test_a_retry_after_a_partial_success_goes_to_the_deferred_alone(
     ]
     assert sink.rcpts == {"ada@example.com": 1, "gone@example.com": 1, "busy@example.com": 3}
     assert [m.recipients for m in sink.messages] == [["ada@example.com"], ["busy@example.com"]]
+
+
+async def test_a_send_cut_short_is_not_sent_again_to_recipients_already_done(
+    database_url: str, sink: HeldSink, port: int
+) -> None:
+    """ada@example.com, whose transaction had ended when the attempt was cut
+    short, does not get the message again: what the provider had done is
+    recorded, and the next attempt goes to the others alone."""
+    email_id = await cut_short(database_url, sink, port, scheduled=False)
+    assert await status(database_url, email_id) == "sent"  # ada's, recorded
+    sink.hold = False
+    async with api(database_url, port):
+        await until(lambda: sink.received("cy@example.com") == 1)
+        await until(lambda: sink.received("slow@example.com") == 1)
+    assert sink.received("ada@example.com") == 1

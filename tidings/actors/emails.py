@@ -19,16 +19,13 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-import trio
-
 from tidings.actors.drain import Drain
-from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
+from tidings.actors.duework import Due, DueWork, LeasedWorker
+from tidings.actors.email_jobs import SendJob, Underway
 from tidings.actors.runtime import Runtime
 from tidings.actors.service_keys import SharedKey
 from tidings.config import Config
@@ -39,18 +36,17 @@ from tidings.providers.email import (
     EmailProvider,
     EmailResult,
     OutgoingEmail,
+    Progress,
 )
 from tidings.storage import emails_sending as store
-from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
-from tidings.storage.domains import SendingDomain, domain_key, verified_domain_ids
+from tidings.storage.domains import SendingDomain, domain_key
 from tidings.storage.emails import DUE_CHANNEL, Change, Clock, recipients_text
 
 log = logging.getLogger("tidings.emails")
 
 IDLE_SECONDS = 30.0
 FOLLOWUP_BATCH = 1000
-FOLLOWUPS = "followups"
 
 
 class Emails:
@@ -100,27 +96,32 @@ class Emails:
             return None
         return now + timedelta(seconds=schedule[attempt - 1] * random.uniform(1.0, 1.1))
 
-    async def attempt(self, email: store.Claimed, domain_id: UUID | None) -> store.Attempted:
+    async def attempt(
+        self, email: store.Claimed, domain_id: UUID | None, underway: Underway | None = None
+    ) -> store.Attempted:
         """Send ``email`` once to its recipients still to try, from its domain
-        ``domain_id`` (None: not a verified domain of the team); what to record."""
+        ``domain_id`` (None: not a verified domain of the team); what to record.
+        ``underway`` keeps what the attempt has done as it goes (``cut_short``)."""
         provider = self.provider.name
-        clock = Clock()
-        data = email.data()
+        underway = Underway() if underway is None else underway
+        clock = underway.clock
+        data = underway.data = email.data()
         blocked = set(email.send_to if email.unsubscribed else email.suppressed)
         reason = ("the contact has unsubscribed from this mail" if email.unsubscribed
                   else "the address is on the team's suppression list")
-        changes = []
+        changes = underway.changes
         if email.status == "scheduled" and email.attempt_count == 0:
             # Fallen due: queued now, as an email sent at once is when accepted.
             changes.append(Change(email.id, email.team_id, "queued",
                                   recipients_text(email.to_addresses), clock.tick(), provider,
                                   data))
-        changes += [
+        changes.extend(
             Change(email.id, email.team_id, "suppressed", address, clock.tick(), provider, data,
                    message=reason)
             for address in email.send_to if address in blocked
-        ]
+        )
         recipients = [a for a in email.send_to if a not in blocked]
+        underway.recipients = tuple(recipients)
         domain = await self.domain(domain_id) if recipients else None
         if not recipients:
             result = EmailResult(provider, None)
@@ -132,11 +133,30 @@ class Emails:
             # Nothing to wait for: fail now.
             return self._finish(email, result, changes, clock, data, final=True)
         else:
-            result = await self._send(email, domain, tuple(recipients))
-        return self._finish(email, result, changes, clock, data, final=False)
+            result = await self._send(email, domain, tuple(recipients), underway.progress)
+        return self._finish(email, result, list(changes), clock, data, final=False)
+
+    def cut_short(self, email: store.Claimed, underway: Underway) -> store.Attempted | None:
+        """What to record of an attempt cut short after the provider had
+        finished with some recipients (None: it had finished with none). The
+        others are tried again at once, the finished ones never: sending them
+        the message again is what recording this avoids."""
+        progress = underway.progress
+        done = progress.done()
+        if not done:
+            return None
+        rest = tuple(
+            Deferral(r, None, "the attempt was cut short before this recipient")
+            for r in underway.recipients if r not in done
+        )
+        result = EmailResult(self.provider.name, progress.provider_message_id,
+                             tuple(progress.outcomes), tuple(progress.deferred) + rest)
+        return self._finish(email, result, list(underway.changes), underway.clock,
+                            underway.data, final=False, at_once=True)
 
     async def _send(
-        self, email: store.Claimed, domain: SendingDomain, recipients: tuple[str, ...]
+        self, email: store.Claimed, domain: SendingDomain, recipients: tuple[str, ...],
+        progress: Progress,
     ) -> EmailResult:
         key = await self.bounce_key()
         outgoing = OutgoingEmail(
@@ -155,7 +175,7 @@ class Emails:
             dkim=DkimKey(domain.name, domain.dkim_selector, domain.dkim_private_key),
         )
         try:
-            return await self.provider.send(outgoing)
+            return await self.provider.send(outgoing, progress)
         except Exception as failure:  # a provider bug: retried, never a stuck email
             log.exception("sending email %s failed unexpectedly", email.id)
             message = f"the provider failed: {type(failure).__name__}: {failure}"
@@ -173,6 +193,7 @@ class Emails:
         data: dict[str, Any],
         *,
         final: bool,
+        at_once: bool = False,
     ) -> store.Attempted:
         now = datetime.now(UTC)
         for o in result.now():
@@ -184,6 +205,8 @@ class Emails:
             for o in result.later()
         ]
         retry_at = None if final else self.retry_at(email.attempt_count + 1, now)
+        if at_once:
+            retry_at = now
         deferred = [d.recipient for d in result.deferred]
         error = "; ".join(sorted({d.message for d in result.deferred})) or None
         if deferred and retry_at is None:
@@ -208,107 +231,6 @@ class Emails:
             changes=changes,
             followups=followups,
         )
-
-
-async def claim_with_domains(
-    conn: AsyncioConnection, team_id: UUID, owner: UUID, lease_seconds: float, limit: int
-) -> tuple[list[store.Claimed], float | None, dict[str, UUID]]:
-    """``store.claim``, and which of the claimed emails' domains are verified
-    domains of the team at this moment (by name, with their ids): a domain
-    deleted or failed a moment ago sends nothing more, in any process."""
-    claimed, next_in = await store.claim(conn, team_id, owner, lease_seconds, limit)
-    verified = await verified_domain_ids(conn, team_id, {item.domain for item in claimed})
-    return claimed, next_in, verified
-
-
-class SendJob:
-    """What the actor of one team does with its leased emails.
-
-    While emails wait for the provider (its connections may all be busy) or
-    are being sent, their leases are renewed every third of the lease, so
-    that another process never takes up an email this one is still sending.
-    An email whose lease was lost anyway (this process stalled) is not sent,
-    and nothing is recorded for it. An email handed back after its attempt
-    began (cut short, or not recorded) may have reached some recipients: it
-    is given back as taken up (``store.give_back``), never as scheduled.
-    """
-
-    def __init__(self, team_id: UUID, emails: Emails) -> None:
-        self._team_id = team_id
-        self._emails = emails
-        self._held: set[UUID] = set()
-        self._lost: set[UUID] = set()
-        # Held emails whose attempt began; those skipped because their lease was lost.
-        self._begun: set[UUID] = set()
-        self._skipped: set[UUID] = set()
-        # Of each claimed email, its verified domain's id as the claim found it.
-        self._domain_ids: dict[UUID, UUID | None] = {}
-
-    @asynccontextmanager
-    async def open(self) -> AsyncIterator[object]:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._renew)
-            yield None
-            nursery.cancel_scope.cancel()
-
-    async def _renew(self) -> None:
-        emails = self._emails
-        lease = emails.config.email_lease_seconds
-        while True:
-            await trio.sleep(lease / 3)
-            held = list(self._held)
-            if held:
-                kept = await emails.db.run(store.renew, held, emails.owner, lease)
-                # Not those recorded or released meanwhile: their leases ended here.
-                self._lost.update((set(held) - kept) & self._held)
-
-    async def claim(self, limit: int) -> Batch[store.Claimed]:
-        emails = self._emails
-        claimed, next_in, verified = await emails.db.run(
-            claim_with_domains, self._team_id, emails.owner,
-            emails.config.email_lease_seconds, limit,
-        )
-        self._held.update(item.id for item in claimed)
-        self._domain_ids.update({item.id: verified.get(item.domain) for item in claimed})
-        return Batch(claimed, next_in)
-
-    async def perform(self, item: store.Claimed) -> store.Attempted:
-        domain_id = self._domain_ids.pop(item.id, None)
-        if item.id in self._lost:
-            # Another process may have it now: leave it alone. Nothing is
-            # recorded for it: an attempt that sent nothing must not write
-            # the email as done, were the lease this process's after all.
-            self._skipped.add(item.id)
-            return store.Attempted(item, None, None, None, None, self._emails.provider.name, [])
-        self._begun.add(item.id)
-        return await self._emails.attempt(item, domain_id)
-
-    async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
-        emails = self._emails
-        attempted = [outcome for item, outcome in done if item.id not in self._skipped]
-        skipped = [item.id for item, _outcome in done if item.id in self._skipped]
-        # Not recorded, the batch is handed back (``release``), which forgets it.
-        await emails.db.run(store.record_attempts, emails.owner, attempted, skipped)
-        self._forget([item for item, _outcome in done])
-        if any(a.followups for a in attempted) and emails.followups is not None:
-            emails.followups.wake(FOLLOWUPS)
-
-    async def release(self, items: Sequence[store.Claimed]) -> None:
-        emails = self._emails
-        begun = [item.id for item in items if item.id in self._begun]
-        unbegun = [item.id for item in items if item.id not in self._begun]
-        try:
-            if begun:
-                await emails.db.run(store.give_back, begun, emails.owner)
-            if unbegun:
-                await emails.db.run(store.release, unbegun, emails.owner)
-        finally:
-            self._forget(items)
-
-    def _forget(self, items: Sequence[store.Claimed]) -> None:
-        for item in items:
-            for ids in (self._held, self._lost, self._begun, self._skipped):
-                ids.discard(item.id)
 
 
 def start_emails(

@@ -123,6 +123,22 @@ class EmailResult:
         return tuple(sorted((o for o in self.outcomes if o.after > NOW), key=lambda o: o.after))
 
 
+@dataclass
+class Progress:
+    """What a send has done so far, kept by the provider as it goes: each
+    recipient's outcome (or deferral) as soon as its transaction ends. A send
+    cut short (cancelled) leaves here what it had done, so that the worker
+    records it rather than sending those recipients the message again."""
+
+    provider_message_id: str | None = None
+    outcomes: list[EmailOutcome] = field(default_factory=list)
+    deferred: list[Deferral] = field(default_factory=list)
+
+    def done(self) -> set[str]:
+        """The recipients with an outcome or a deferral."""
+        return {o.recipient for o in self.outcomes} | {d.recipient for d in self.deferred}
+
+
 class EmailProvider(Protocol):
     """Where emails go: ``sandbox`` or ``smtp`` (``TIDINGS_EMAIL_PROVIDER``)."""
 
@@ -136,8 +152,10 @@ class EmailProvider(Protocol):
         """True when ``POST /domains/{id}/verify`` succeeds without DNS lookups."""
         ...
 
-    async def send(self, email: OutgoingEmail) -> EmailResult:
-        """Hand ``email`` over. Cancelled midway, a recipient may have been
-        accepted without a result: the worker's retry may send it twice, which
-        is the at-least-once every SMTP client has."""
+    async def send(self, email: OutgoingEmail, progress: Progress | None = None) -> EmailResult:
+        """Hand ``email`` over, keeping in ``progress`` each recipient's
+        outcome as it is known. Cancelled midway, the recipient whose
+        transaction was under way may have been accepted without a result:
+        the worker's retry may send it twice, which is the at-least-once
+        every SMTP client has."""
         ...

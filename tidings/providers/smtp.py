@@ -39,6 +39,7 @@ from tidings.providers.email import (
     EmailProvider,
     EmailResult,
     OutgoingEmail,
+    Progress,
 )
 
 NAME = "smtp"
@@ -192,17 +193,19 @@ class SmtpProvider:
         # Connections opened so far: tests and metrics see reuse with it.
         self.connections_opened = 0
 
-    async def send(self, email: OutgoingEmail) -> EmailResult:
+    async def send(self, email: OutgoingEmail, progress: Progress | None = None) -> EmailResult:
         """One transaction per recipient, each from its own bounce address,
         with the same signed message (DKIM does not cover the envelope), one
-        after another on one pooled connection."""
+        after another on one pooled connection; each kept in ``progress`` as
+        soon as it ends."""
+        progress = Progress() if progress is None else progress
         size = len(email.html or "") + len(email.text or "")
         lane = self._large_renderer if size > LARGE_BYTES else self._renderer
         message = await lane.render(email)
         domain = email.dkim.domain if email.dkim else parseaddr(email.sender)[1].rpartition("@")[2]
         reference = message_id(email.message_id, domain)
-        outcomes: list[EmailOutcome] = []
-        deferred: list[Deferral] = []
+        progress.provider_message_id = reference
+        outcomes, deferred = progress.outcomes, progress.deferred
         async with self._slots:
             # Only _transact awaits with it, and closes it when cut short.
             conn: SmtpConnection | None = None
@@ -212,14 +215,14 @@ class SmtpProvider:
                 )
                 if isinstance(done, Transaction):
                     result = result_of(done, (recipient,), reference)
-                    outcomes += result.outcomes
-                    deferred += result.deferred
+                    outcomes.extend(result.outcomes)
+                    deferred.extend(result.deferred)
                     continue
                 error, connecting = done
                 # Not connected at all: the others would wait for the same.
                 rest = email.recipients[position:] if connecting else (recipient,)
                 code = None if error.reply is None else str(error.reply.code)
-                deferred += (Deferral(r, code, str(error)) for r in rest)
+                deferred.extend(Deferral(r, code, str(error)) for r in rest)
                 if connecting:
                     break
             if conn is not None:
