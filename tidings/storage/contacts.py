@@ -22,6 +22,7 @@ import asyncpg
 from tidings.storage.connection import Connection, Json, Row, returned
 from tidings.storage.contact_properties import PropertyType
 from tidings.storage.errors import unique
+from tidings.storage.sms_consent import STOP, share_consent_lock
 
 CONTACT_COLUMNS = """
 id, team_id, email, phone, normalized_phone, phone_country, sms_consent_status,
@@ -38,12 +39,10 @@ properties, created_at, updated_at
 # Here $12 are the keys, $13 their types.
 # A number that replied STOP (``stop``, its suppression's ``sms_opted_out_at``)
 # gives a contact with no consent of its own ``opted_out``; ``opted_in`` is
-# refused (the row is not written and ``stop_at`` says why).
-STOP = """
-stop AS (
-    SELECT max(sms_opted_out_at) AS at FROM suppressions
-    WHERE team_id = $1 AND sms_opted_out_at IS NOT NULL AND address = {phone}
-)"""
+# refused (the row is not written and ``stop_at`` says why). A write that
+# gives a number or a status first shares the team's consent lock in its
+# transaction, so that no STOP is in flight when it reads
+# (tidings.storage.sms_consent).
 
 INSERT_CONTACT = f"""
 WITH defined AS (
@@ -123,7 +122,9 @@ LIMIT $5 OFFSET $6
 # PATCH: for each nullable field a flag says whether it was given ($n) and
 # its new value follows ($n+1). The consent timestamp and source change only
 # when the status does. The keys set ($19, of types $20) are locked as in
-# INSERT_CONTACT, before the contact.
+# INSERT_CONTACT, before the contact. Without a new phone the STOP is that of
+# the number the contact has once it is locked, not the one it had when the
+# statement began (a PATCH of its phone in flight).
 UPDATE_CONTACT = f"""
 WITH defined AS (
     SELECT key FROM contact_properties
@@ -131,7 +132,7 @@ WITH defined AS (
     FOR KEY SHARE
 ), {STOP.format(phone=f"CASE WHEN $6 THEN $8 ELSE ("
                       f"SELECT normalized_phone FROM contacts WHERE team_id = $1 "
-                      f"AND id = ({TARGET})) END")}, updated AS (
+                      f"AND id = ({TARGET}) FOR NO KEY UPDATE) END")}, updated AS (
     UPDATE contacts SET
         email = CASE WHEN $4 THEN $5 ELSE email END,
         phone = CASE WHEN $6 THEN $7 ELSE phone END,
@@ -255,22 +256,19 @@ async def create_contact(conn: Connection, team_id: UUID, new: NewContact) -> Co
     """Insert a contact. Raises Duplicate if the team has one with this email,
     PropertyGone if the definition of a key it sets was deleted meanwhile,
     StopStands if it would be ``opted_in`` while its number's STOP stands."""
+    args = (
+        INSERT_CONTACT, team_id, new.email, new.phone, new.normalized_phone,
+        new.phone_country, new.sms_consent_status, new.sms_consent_source, new.first_name,
+        new.last_name, new.unsubscribed, json.dumps(new.properties),
+        *_definitions(new.properties, new.property_types),
+    )
     with unique("email", f"a contact with email {new.email!r} exists already"):
-        row = await conn.fetchrow(
-            INSERT_CONTACT,
-            team_id,
-            new.email,
-            new.phone,
-            new.normalized_phone,
-            new.phone_country,
-            new.sms_consent_status,
-            new.sms_consent_source,
-            new.first_name,
-            new.last_name,
-            new.unsubscribed,
-            json.dumps(new.properties),
-            *_definitions(new.properties, new.property_types),
-        )
+        if new.normalized_phone is None:
+            row = await conn.fetchrow(*args)
+        else:
+            async with conn.transaction():
+                await share_consent_lock(conn, team_id)
+                row = await conn.fetchrow(*args)
     contact = _written(returned(row))
     if contact is None:
         if row is not None and row["stop_at"] is not None:
@@ -369,23 +367,24 @@ async def update_contact(
     would be ``opted_in`` while its number's STOP stands.
     """
     given = changes.given
+    args = (
+        UPDATE_CONTACT, team_id, *_ref(ref),
+        "email" in given, changes.email,
+        "phone" in given, changes.phone, changes.normalized_phone, changes.phone_country,
+        "first_name" in given, changes.first_name,
+        "last_name" in given, changes.last_name,
+        changes.unsubscribed, changes.sms_consent_status, changes.sms_consent_source,
+        json.dumps(changes.set_properties), changes.remove_properties,
+        *_definitions(changes.set_properties, changes.property_types),
+    )
     try:
         with unique("email", f"a contact with email {changes.email!r} exists already"):
-            row = await conn.fetchrow(
-                UPDATE_CONTACT,
-                team_id,
-                *_ref(ref),
-                "email" in given, changes.email,
-                "phone" in given, changes.phone, changes.normalized_phone, changes.phone_country,
-                "first_name" in given, changes.first_name,
-                "last_name" in given, changes.last_name,
-                changes.unsubscribed,
-                changes.sms_consent_status,
-                changes.sms_consent_source,
-                json.dumps(changes.set_properties),
-                changes.remove_properties,
-                *_definitions(changes.set_properties, changes.property_types),
-            )
+            if changes.normalized_phone is None and changes.sms_consent_status is None:
+                row = await conn.fetchrow(*args)
+            else:
+                async with conn.transaction():
+                    await share_consent_lock(conn, team_id)
+                    row = await conn.fetchrow(*args)
     except asyncpg.CheckViolationError:
         raise Unreachable() from None
     contact = _written(returned(row))

@@ -9,8 +9,17 @@ number ``opted_out`` with source ``keyword``. A number suppressed already
 the number is never texted again without a START. Opting back in (START)
 lifts the ``sms_opt_out`` suppression, clears the STOP of any other (a
 manual suppression stays), and marks the contacts ``opted_in``. Sending to
-an opted-out number is refused (``tidings.storage.sms``). Each runs as one
-statement.
+an opted-out number is refused (``tidings.storage.sms``).
+
+A keyword and a contact write that gives a number or a consent status meet
+on the team's consent lock (an advisory lock per team, held until the
+transaction ends): the keyword takes it alone, the writes share it. Each
+side reads the other with a snapshot taken after it holds the lock, so
+whichever comes second sees what the first committed: a STOP marks the
+number's contacts, those a write in flight gave the number included, and a
+write after a STOP finds it (``STOP``, used by ``tidings.storage.contacts``).
+Checking and writing in one statement is not enough: a statement's snapshot
+is taken before it waits, so it would write over a STOP it waited for.
 """
 
 from __future__ import annotations
@@ -22,6 +31,29 @@ from uuid import UUID
 from tidings.storage.connection import Connection, returned
 
 SOURCE = "keyword"
+
+# "stop" in ASCII: the class of the teams' consent locks (two-key advisory
+# locks, apart from the one-key migration lock); the second key is the team's.
+CONSENT_LOCK = 0x73746F70
+
+# The keywords' side: every team named, in one order, so two never deadlock.
+HOLD_TEAMS = f"""
+SELECT count(pg_advisory_xact_lock({CONSENT_LOCK}, key)) FROM (
+    SELECT DISTINCT hashtext(team_id::text) AS key FROM unnest($1::uuid[]) AS t(team_id)
+    ORDER BY key
+) AS keys
+"""
+
+# The contact writes' side: shared among them.
+SHARE_TEAM = f"SELECT pg_advisory_xact_lock_shared({CONSENT_LOCK}, hashtext($1::uuid::text))"
+
+# The STOP that stands for a number (a CTE of a statement whose $1 is the
+# team): its suppression's ``sms_opted_out_at``, NULL for none.
+STOP = """
+stop AS (
+    SELECT max(sms_opted_out_at) AS at FROM suppressions
+    WHERE team_id = $1 AND sms_opted_out_at IS NOT NULL AND address = {phone}
+)"""
 
 OPT_OUT = """
 WITH suppressed AS (
@@ -75,14 +107,26 @@ async def opt_out(
     conn: Connection, team_ids: Sequence[UUID], phone: str, source_message_id: UUID | None
 ) -> ConsentChange:
     """The teams must not text ``phone`` (E.164) any more."""
-    row = returned(await conn.fetchrow(OPT_OUT, list(team_ids), phone, source_message_id, SOURCE))
+    async with conn.transaction():
+        await conn.execute(HOLD_TEAMS, list(team_ids))
+        row = returned(
+            await conn.fetchrow(OPT_OUT, list(team_ids), phone, source_message_id, SOURCE)
+        )
     return ConsentChange(row["suppressions"], row["contacts"])
 
 
 async def opt_in(conn: Connection, team_ids: Sequence[UUID], phone: str) -> ConsentChange:
     """``phone`` asked the teams to text it again."""
-    row = returned(await conn.fetchrow(OPT_IN, list(team_ids), phone, SOURCE))
+    async with conn.transaction():
+        await conn.execute(HOLD_TEAMS, list(team_ids))
+        row = returned(await conn.fetchrow(OPT_IN, list(team_ids), phone, SOURCE))
     return ConsentChange(row["suppressions"], row["contacts"])
+
+
+async def share_consent_lock(conn: Connection, team_id: UUID) -> None:
+    """In a transaction: hold the team's consent lock, shared, until it ends.
+    A keyword in flight is waited for, and the next statement sees it."""
+    await conn.execute(SHARE_TEAM, team_id)
 
 
 async def team_names(conn: Connection, team_ids: Sequence[UUID]) -> dict[UUID, str]:
