@@ -25,9 +25,13 @@ AUTH_TOKEN = "double-auth-token"
 class TwilioDouble:
     """Messages it took (by sid), numbers and short codes the account owns,
     how many of the next sends to answer with 429 (``Retry-After: 1``),
-    whether the account's numbers and short codes answer 503 (an outage), and
-    what to do with a new message's SID before answering its 201: Twilio may
-    call back before its answer has reached the sender."""
+    whether the account's numbers and short codes answer 503 (an outage),
+    what to do with a new message's SID before answering its 201 (Twilio may
+    call back before its answer has reached the sender), what to do
+    before answering a fetch of a message (a slow API), and answers of its
+    own for every send to a number (``answers``, by ``To``: but for a 429
+    the message is taken all the same, as Twilio takes it before its answer
+    can go wrong) and for every fetch of a SID (``fetch_answers``)."""
 
     owned_numbers: set[str] = field(default_factory=set)
     owned_short_codes: set[str] = field(default_factory=set)
@@ -38,6 +42,9 @@ class TwilioDouble:
     sends: list[tuple[float, dict[str, str]]] = field(default_factory=list)
     receiver: Receiver | None = None
     before_created: Callable[[str], Awaitable[None]] | None = None
+    before_fetched: Callable[[str], Awaitable[None]] | None = None
+    answers: dict[str, Answer] = field(default_factory=dict)
+    fetch_answers: dict[str, Answer] = field(default_factory=dict)
 
     @property
     def base(self) -> str:
@@ -67,12 +74,18 @@ class TwilioDouble:
                                                  "/SMS/ShortCodes.json"):
             return self._error(503, 20503, "Service Unavailable")
         if request.method == "POST" and path == "/Messages.json":
-            answer = self._create(dict(parse_qsl(request.body.decode())))
-            if answer[0] == 201 and self.before_created is not None:
+            form = dict(parse_qsl(request.body.decode()))
+            answer = self._create(form)
+            if (answer[0] == 201 and self.before_created is not None
+                    and form.get("To") not in self.answers):
                 await self.before_created(json.loads(answer[1])["sid"])
             return answer
         if request.method == "GET" and path.startswith("/Messages/"):
             sid = path.removeprefix("/Messages/").removesuffix(".json")
+            if self.before_fetched is not None:
+                await self.before_fetched(sid)
+            if sid in self.fetch_answers:
+                return self.fetch_answers[sid]
             if sid not in self.messages:
                 return self._error(404, 20404, f"The requested resource {parts.path} was not found")
             return self._json(200, self.messages[sid])
@@ -100,6 +113,7 @@ class TwilioDouble:
                                    f"A '{name}' parameter is required.")
         if form["To"].endswith("9999"):
             return self._error(400, 21610, "Attempt to send to unsubscribed recipient")
+        answer = self.answers.get(form["To"])
         sid = "SM" + secrets.token_hex(16)
         message = {
             "sid": sid, "account_sid": ACCOUNT_SID, "to": form["To"], "from": form["From"],
@@ -108,8 +122,10 @@ class TwilioDouble:
             "api_version": "2010-04-01", "uri": f"/2010-04-01/Accounts/{ACCOUNT_SID}"
             f"/Messages/{sid}.json",
         }
+        if answer is not None and answer[0] == 429:
+            return answer  # throttled: not taken
         self.messages[sid] = message
-        return self._json(201, message)
+        return answer or self._json(201, message)
 
     def _json(self, status: int, document: dict[str, Any]) -> Answer:
         return status, json.dumps(document).encode(), {"Content-Type": "application/json"}

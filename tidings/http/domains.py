@@ -162,10 +162,11 @@ def _one_of_the_teams_verifications(call: Call) -> Iterator[None]:
 @routes.route(
     "POST", "/domains/{domain_id}/verify",
     summary="Look the domain's records up now; verified when SPF and DKIM are",
-    permission="domains:write", response=DomainOut, body_required=False,
+    permission="domains:write", response=DomainOut, body_required=False, pooled=False,
 )
 async def verify_domain(call: Call, domain_id: UUID) -> DomainOut:
-    domain = await store.get_domain(call.conn, call.team_id, domain_id)
+    # No connection is held while name servers are asked (``pooled=False``).
+    domain = await call.service.db.run(store.get_domain, call.team_id, domain_id)
     if domain is None:
         raise not_found("domain")
     try:
@@ -175,7 +176,7 @@ async def verify_domain(call: Call, domain_id: UUID) -> DomainOut:
         raise ApiError(
             503, "SERVICE_UNAVAILABLE", f"DNS gave no answer, try again later: {error}"
         ) from None
-    stored = await store.record_checks(call.conn, [outcome(domain, statuses)])
+    stored = await call.service.db.run(store.record_checks, [outcome(domain, statuses)])
     if not stored:
         raise not_found("domain")
     return DomainOut.of(stored[0])

@@ -41,7 +41,7 @@ from tidings.http.idempotency_key import (
 )
 from tidings.http.parsing import arguments, parse_path, query_values, read_body
 from tidings.http.ratelimit import RateLimiter
-from tidings.http.routing import MUTATING, Answer, Call, Route
+from tidings.http.routing import MUTATING, NO_CONNECTION, Answer, Call, Route
 from tidings.storage import idempotency as records
 from tidings.storage import tokens as token_store
 from tidings.storage.db import AsyncioConnection, Connection
@@ -256,6 +256,15 @@ async def run_idempotent(
             pass
     stored = False
     try:
+        if not route.pooled:
+            call = Call(service, token, NO_CONNECTION)
+            status, body, headers = render(route, await route.handler(call, **kwargs))
+            if 200 <= status < 300:
+                async with service.db.transaction() as conn:
+                    await store_response(conn, call, route, key, claim, status, body)
+                stored = True
+            call.committed()
+            return json_response(status, body, headers)
         async with service.db.transaction() as conn:
             call = Call(service, token, conn)
             result = await route.handler(call, **kwargs)
@@ -287,6 +296,11 @@ async def run_on_trio(
     )
     if key is not None:
         return await run_idempotent(service, route, token, kwargs, key, raw_body)
+    if not route.pooled:
+        call = Call(service, token, NO_CONNECTION)
+        result = await route.handler(call, **kwargs)
+        call.committed()
+        return json_response(*render(route, result))
     async with service.db.acquire() as conn:
         call = Call(service, token, conn)
         result = await route.handler(call, **kwargs)

@@ -15,6 +15,14 @@ A route of a group declared with ``storage_units=True`` promises that its
 handler awaits nothing but its connection (no actors, threads, sleeps or
 other trio calls). The pipeline (``tidings/http/pipeline.py``) then runs the
 request's whole storage work on the asyncio side in one crossing.
+
+A route declared ``pooled=False`` waits on something outside (a provider's
+API, DNS) and holds no connection while it does: its handler gets
+``NO_CONNECTION`` and does its storage work in units of its own
+(``service.db.run``), each on a pooled connection only while it runs. A
+slow provider then holds none of the connections that every other request
+needs. Under an Idempotency-Key its writes commit as they go, and the
+response is stored after them.
 """
 
 from __future__ import annotations
@@ -64,6 +72,18 @@ class Call:
             callback()
 
 
+class _NoConnection:
+    """``Call.conn`` of a route that holds no pooled connection."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(
+            "this route holds no pooled connection (pooled=False): use service.db.run"
+        )
+
+
+NO_CONNECTION: Connection = _NoConnection()
+
+
 @dataclass(frozen=True)
 class Answer:
     """A handler result with a status other than the route's default."""
@@ -108,6 +128,8 @@ class Route:
     secret_response: bool = False
     # The handler awaits only its connection: it runs whole on the asyncio side.
     storage_unit: bool = False
+    # False: the handler holds no connection while it waits outside (NO_CONNECTION).
+    pooled: bool = True
 
     def max_body_bytes(self, config: Config) -> int:
         return config.max_body_bytes if self.body_limit is None else self.body_limit(config)
@@ -173,12 +195,17 @@ class Routes:
         body_limit: Callable[[Config], int] | None = None,
         secret_response: bool = False,
         storage_unit: bool | None = None,
+        pooled: bool = True,
     ) -> Callable[[Handler], Handler]:
         """Declare a route. ``path_types`` maps path parameters that are not UUIDs
         to ``str`` (handed over as they are); ``body_required=False`` lets a
         request without a body stand for ``{}``; ``storage_unit`` overrides the
         group's ``storage_units`` for this route (a handler that calls a
-        provider is not a storage unit)."""
+        provider is not a storage unit); ``pooled=False``: see the module."""
+        unit = self.storage_units if storage_unit is None else storage_unit
+        if unit and not pooled:
+            raise ValueError(f"{method} {path}: a storage unit holds its connection")
+
         def register(handler: Handler) -> Handler:
             self.items.append(
                 Route(
@@ -199,9 +226,8 @@ class Routes:
                     raw_body=raw_body,
                     body_limit=body_limit,
                     secret_response=secret_response,
-                    storage_unit=(
-                        self.storage_units if storage_unit is None else storage_unit
-                    ),
+                    storage_unit=unit,
+                    pooled=pooled,
                 )
             )
             return handler

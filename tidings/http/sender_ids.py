@@ -120,13 +120,15 @@ def checked_countries(countries: list[str] | None, implied: list[str]) -> list[s
 @routes.route(
     "POST", "/sender-ids", summary="Register a sender ID (approved by the provider)",
     permission="domains:write", body=CreateSenderId, response=SenderIdOut, status=201,
+    pooled=False,
 )
 async def create_sender_id(call: Call, body: CreateSenderId) -> SenderIdOut:
     value, implied = checked_value(body.value, body.type)
     countries = checked_countries(body.countries, implied)
+    # No connection is held while the provider reviews it (``pooled=False``).
     status = await call.service.sms.provider.review_sender_id(value, body.type)
-    created = await store.create_sender_id(
-        call.conn, call.team_id, value, body.type, status, countries
+    created = await call.service.db.run(
+        store.create_sender_id, call.team_id, value, body.type, status, countries
     )
     return SenderIdOut.of(created)
 

@@ -26,7 +26,6 @@ from tidings.http.sms_models import SmsOut
 from tidings.phones import parse_phone
 from tidings.sms_encoding import Encoding, encode
 from tidings.storage import sms as store
-from tidings.storage.db import run_on
 
 routes = Routes("SMS", storage_units=True)
 
@@ -191,9 +190,13 @@ async def cancel_sms(call: Call, sms_id: UUID) -> dict[str, Any]:
     "POST", "/sms/{sms_id}/sync",
     summary="Ask the provider for the message's status now and apply it",
     permission="sms:send", response=SmsOut, body_required=False, storage_unit=False,
+    pooled=False,
 )
 async def sync_sms(call: Call, sms_id: UUID) -> dict[str, Any]:
-    found = await store.get_sms(call.conn, call.team_id, sms_id)
+    # No connection is held while the provider is asked (``pooled=False``);
+    # what it says moves the message only forward, whenever it is applied.
+    db = call.service.db
+    found = await db.run(store.get_sms, call.team_id, sms_id)
     if found is None:
         raise not_found("SMS")
     provider = call.service.sms.provider
@@ -208,7 +211,8 @@ async def sync_sms(call: Call, sms_id: UUID) -> dict[str, Any]:
     if update is None:
         return SmsOut.of(found).dump()
     report = store.Report(found.id, update.status, provider.name, update.code, update.message)
-    await run_on(call.conn, store.record_reports, [report])
-    synced = await store.get_sms(call.conn, call.team_id, sms_id)
-    assert synced is not None
+    await db.run(store.record_reports, [report])
+    synced = await db.run(store.get_sms, call.team_id, sms_id)
+    if synced is None:
+        raise not_found("SMS")  # deleted meanwhile
     return SmsOut.of(synced).dump()

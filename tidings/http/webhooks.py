@@ -185,12 +185,13 @@ async def _endpoint(call: Call, endpoint_id: UUID) -> store.Endpoint:
 @routes.route(
     "POST", "/webhook-endpoints", summary="Create a webhook endpoint",
     permission="webhooks:write", body=CreateEndpoint, response=EndpointWithSecret, status=201,
-    secret_response=True,
+    secret_response=True, pooled=False,
 )
 async def create_endpoint(call: Call, body: CreateEndpoint) -> EndpointWithSecret:
+    # No connection is held while the URL's name is resolved (``pooled=False``).
     await _vet_target(call, body.url)
-    endpoint = await store.create_endpoint(
-        call.conn,
+    endpoint = await call.service.db.run(
+        store.create_endpoint,
         call.team_id,
         url=body.url,
         events=body.events,
@@ -219,7 +220,7 @@ async def get_endpoint(call: Call, endpoint_id: UUID) -> EndpointOut:
 
 @routes.route(
     "PATCH", "/webhook-endpoints/{endpoint_id}", summary="Update a webhook endpoint",
-    permission="webhooks:write", body=UpdateEndpoint, response=EndpointOut,
+    permission="webhooks:write", body=UpdateEndpoint, response=EndpointOut, pooled=False,
 )
 async def update_endpoint(call: Call, endpoint_id: UUID, body: UpdateEndpoint) -> EndpointOut:
     given = body.model_fields_set
@@ -228,8 +229,8 @@ async def update_endpoint(call: Call, endpoint_id: UUID, body: UpdateEndpoint) -
             raise ApiError(400, "BAD_REQUEST", f"{name}: may be changed but not removed")
     if body.url is not None:
         await _vet_target(call, body.url)
-    endpoint = await store.update_endpoint(
-        call.conn,
+    endpoint = await call.service.db.run(
+        store.update_endpoint,
         call.team_id,
         endpoint_id,
         url=body.url,
