@@ -37,6 +37,7 @@ import email_validator
 import idna
 
 from tidings.fields import FieldError
+from tidings.rendering_variables import CONTROL_CHARACTERS
 
 # A JSON schema maxLength for an address field; the octet limits below decide.
 MAX_ADDRESS_LENGTH = 320
@@ -61,6 +62,9 @@ _PLAIN_ADDRESS = re.compile(rf"([{_ATEXT}]+(?:\.[{_ATEXT}]+)*)@([A-Za-z0-9.\-]+)
 _CASELESS_MAILBOXES = frozenset(email_validator.rfc_constants.CASE_INSENSITIVE_MAILBOX_NAMES)
 
 _HEADERS = HeaderRegistry()
+# Characters of Unicode's private use area: one a mailbox lacks stands in for
+# ``=?`` while the header parser reads it (a mailbox is far shorter than 6,400).
+_STAND_INS = [chr(code) for code in range(0xE000, 0xF900)]
 # A display name with one of these is quoted (RFC 5322 specials, as formataddr has them).
 _SPECIALS = re.compile(r'[][\\()<>@,:;".]')
 _ESCAPED = re.compile(r'[\\"]')
@@ -214,7 +218,8 @@ def parse_mailbox(text: str, field: str = "from") -> Mailbox:
 # (a refusal is not, and is worked out again each time).
 @functools.lru_cache(maxsize=4096)
 def _parse_mailbox(text: str, field: str) -> Mailbox:
-    if any(ord(c) < 32 or c == "\x7f" for c in text):
+    # The characters a subject or a header's value refuses, and the tab.
+    if "\t" in text or CONTROL_CHARACTERS.search(text):
         raise FieldError(field, f"{MAILBOX_FORM}; control characters are not allowed")
     if has_comment(text):
         # The parser would drop a comment silently, or it would have to be
@@ -224,8 +229,15 @@ def _parse_mailbox(text: str, field: str) -> Mailbox:
             f"{MAILBOX_FORM}; comments in parentheses are not allowed "
             "(a display name goes before the address)",
         )
+    # The parser decodes RFC 2047 encoded words in a display name
+    # (``=?utf-8?b?QWRtaW4=?=`` would become ``Admin``) and refuses one in
+    # quotes; a name is kept as given, and written encoded by
+    # ``tidings.email.mime`` so that a mail client shows it so too. Every
+    # ``=?`` is hidden from the parser behind a character the text lacks
+    # (``=`` and ``?`` are atext and qtext alike, as is the stand-in).
+    stand_in = next(c for c in _STAND_INS if c not in text) if "=?" in text else ""
     try:
-        header = _HEADERS("From", text)
+        header = _HEADERS("From", text.replace("=?", stand_in) if stand_in else text)
         groups = header.groups  # type: ignore[attr-defined]
         addresses = header.addresses  # type: ignore[attr-defined]
     except Exception:
@@ -237,8 +249,11 @@ def _parse_mailbox(text: str, field: str) -> Mailbox:
     if invalid or len(addresses) != 1 or groups[0].display_name is not None:
         raise FieldError(field, MAILBOX_FORM)
     address = addresses[0]
-    normalized = check_sendable(normalize_address(address.addr_spec, field), field)
-    return Mailbox(address.display_name or None, normalized)
+    addr_spec, name = address.addr_spec, address.display_name
+    if stand_in:
+        addr_spec, name = addr_spec.replace(stand_in, "=?"), name.replace(stand_in, "=?")
+    normalized = check_sendable(normalize_address(addr_spec, field), field)
+    return Mailbox(name or None, normalized)
 
 
 def has_comment(value: str) -> bool:

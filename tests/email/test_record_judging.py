@@ -44,6 +44,21 @@ DMARC = Record("TXT", "_dmarc.example.com", "v=DMARC1; p=none;", "dmarc")
     (["v=spf1 a:mx.elsewhere.example ~all"], "mismatch"),
     ([f"v=spf1 a:{HOST} ~all include"], "mismatch"),
     ([f"v=spf1 a:{HOST} redirect=a.example redirect=b.example"], "mismatch"),
+    # The first mechanism that matches the mail host decides (RFC 7208 §4.6.2):
+    # the MX of the record's own name is the mail host (the return-path record).
+    ([f"v=spf1 -mx a:{HOST} ~all"], "mismatch"),
+    ([f"v=spf1 ~mx a:{HOST} ~all"], "mismatch"),
+    ([f"v=spf1 ?mx/24 a:{HOST} ~all"], "mismatch"),
+    ([f"v=spf1 -mx:bounces.example.com. a:{HOST} ~all"], "mismatch"),
+    ([f"v=spf1 -a:{HOST} a:{HOST} ~all"], "mismatch"),
+    ([f"v=spf1 ~a:{HOST}/24 +a:{HOST} ~all"], "mismatch"),
+    ([f"v=spf1 a:{HOST} -mx ~all"], "verified"),
+    ([f"v=spf1 a:{HOST}/24 ~all"], "verified"),
+    # A passing mx is passed over (the return-path record is not required);
+    # mechanisms about other names or addresses do not tell about the mail host.
+    (["v=spf1 mx ~all"], "mismatch"),
+    ([f"v=spf1 mx -mx:mx.elsewhere.example -a -ip4:192.0.2.1 -ip6:2001:db8::/32 a:{HOST}"],
+     "verified"),
 ])
 def test_spf(answers: list[str], status: Status) -> None:
     assert judge(SPF, answers) == status

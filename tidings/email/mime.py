@@ -52,9 +52,14 @@ _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x9f]")
 
 def _header_text(value: str) -> str:
     """A header's text, one logical line: ASCII as it is, other text (or a
-    word too long to fold) as RFC 2047 encoded words of at most 76 octets."""
+    word too long to fold, or text a mail client would take for an encoded
+    word, ``=?``) as RFC 2047 encoded words of at most 76 octets, so that a
+    client shows the text as the API does rather than decoding what it holds."""
     value = " ".join(_CONTROL.sub("", value).split())
-    if value.isascii() and all(len(word) <= LONGEST_WORD for word in value.split(" ")):
+    if (
+        value.isascii() and "=?" not in value
+        and all(len(word) <= LONGEST_WORD for word in value.split(" "))
+    ):
         return value
     return Header(value, "utf-8").encode(maxlinelen=76).replace("\n", "\r\n")
 

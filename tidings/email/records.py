@@ -106,22 +106,44 @@ def _spf_terms(text: str) -> list[str] | None:
     return [term for term in terms if term] if version == "v=spf1" else None
 
 
-def _spf_passes(terms: list[str], mechanism: str) -> bool:
-    """Whether a receiver evaluating ``terms`` reaches ``mechanism`` (e.g.
-    ``a:mx.example``) with the pass qualifier and without a syntax error."""
+# A mechanism's parts: its qualifier, its name, its domain and a CIDR length.
+SPF_PARTS = re.compile(r"(?P<qualifier>[+?~-]?)(?P<name>[a-z0-9]+)(:(?P<domain>[^/\s]+))?(/\S*)?")
+
+
+def _spf_passes(terms: list[str], host: str, name: str) -> bool:
+    """Whether a receiver evaluating ``terms``, the SPF record at ``name``
+    (``bounces.<domain>``), for mail from ``host`` (the mail host) comes to
+    ``pass`` by our ``a:<host>``, and finds no syntax error.
+
+    Mechanisms are evaluated in order and the first that matches decides
+    (RFC 7208 §4.6.2), so one that matches the mail host with a qualifier
+    other than ``+`` (the default) fails it before ``a:<host>`` is reached.
+    Of those we can tell about: ``all``, which always matches and after
+    which nothing is evaluated (§5.1); ``a:<host>``; and ``mx`` of ``name``,
+    whose MX is the mail host once the return-path record we ask for is
+    published. That one counts only against the record: the return-path
+    record is not required, so a passing ``mx`` is no pass we can rely on.
+    The others (``include``, ``exists``, ``ptr``, ``ip4``, ``ip6``, ``a`` and
+    ``mx`` of other names) depend on records we do not look up, and are
+    passed over."""
     if not all(SPF_MECHANISM.fullmatch(t) or SPF_MODIFIER.fullmatch(t) for t in terms):
         return False
     modifiers = [t.partition("=")[0] for t in terms if "=" in t]
     if modifiers.count("redirect") > 1 or modifiers.count("exp") > 1:
         return False  # permerror (§6)
-    # ``+`` is the default qualifier (§4.6.2), and a receiver takes the host
-    # with a trailing dot as the same host.
-    passes = {mechanism, f"+{mechanism}", f"{mechanism}.", f"+{mechanism}."}
     for term in terms:
-        if term in passes:
-            return True
-        if term.lstrip("+-~?") == "all":
-            return False  # nothing after ``all`` is ever evaluated (§5.1)
+        parts = SPF_PARTS.fullmatch(term)
+        if SPF_MODIFIER.fullmatch(term) or parts is None:
+            continue
+        passing = parts["qualifier"] in ("", "+")
+        # A receiver takes a host with a trailing dot as the same host.
+        domain = (parts["domain"] or name).removesuffix(".")
+        if parts["name"] == "all":
+            return False
+        if parts["name"] == "a" and domain == host:
+            return passing
+        if parts["name"] == "mx" and domain == name and not passing:
+            return False
     return False
 
 
@@ -184,8 +206,9 @@ def judge(record: Record, answers: Sequence[str]) -> Status:
         if not spf:
             return "missing"
         # Two SPF records are a permerror (RFC 7208 §4.5).
-        mechanism = record.value.split()[1].lower()
-        return "verified" if len(spf) == 1 and _spf_passes(spf[0], mechanism) else "mismatch"
+        host = record.value.split()[1].lower().removeprefix("a:")
+        passes = len(spf) == 1 and _spf_passes(spf[0], host, record.name.lower())
+        return "verified" if passes else "mismatch"
     if record.purpose == "dkim":
         # The selector's name is ours alone; with several records there a
         # receiver's choice is arbitrary (RFC 6376 §3.6.2.2: undefined).

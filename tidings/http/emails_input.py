@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Self
 from uuid import UUID
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tidings.addresses import check_sendable, display, normalize_address, parse_mailbox
 from tidings.fields import FieldError
@@ -30,12 +30,12 @@ MAX_ADDRESS_FIELD = 998
 # to whom it goes, how it is signed or how its body is read.
 REFUSED_HEADERS = frozenset({
     "from", "to", "cc", "bcc", "reply-to", "subject", "sender", "date", "message-id",
-    "return-path", "dkim-signature", "domainkey-signature", "arc-seal",
-    "arc-message-signature", "arc-authentication-results", "authentication-results",
+    "return-path", "dkim-signature", "domainkey-signature", "authentication-results",
     "received", "received-spf", "delivered-to", "mime-version", "content-type",
     "content-transfer-encoding", "content-disposition", "content-id",
 })
-REFUSED_PREFIXES = ("resent-", "content-", "x-tidings-")
+# ``ARC-*``: every ARC header (RFC 8617) is a forwarder's, whatever its name.
+REFUSED_PREFIXES = ("arc-", "resent-", "content-", "x-tidings-")
 # RFC 5322 field name: printable ASCII without the colon.
 _HEADER_NAME = re.compile(r"[!-9;-~]{1,76}")
 # A header's text is printable characters, spaces and tabs (RFC 5322 §2.2).
@@ -46,6 +46,8 @@ _TAG_TEXT = r"^[A-Za-z0-9_-]+$"
 _BARE = re.compile(r"[^\s<>()\"\\,;:\[\]]+@[^\s<>()\"\\,;:\[\]]+")
 
 Addresses = str | Annotated[list[str], Field(min_length=1, max_length=MAX_RECIPIENTS)]
+# cc, bcc and reply_to: an empty list is none, as null is (GET shows ``[]`` for none).
+MoreAddresses = str | Annotated[list[str], Field(max_length=MAX_RECIPIENTS)]
 
 
 class Tag(RequestBody):
@@ -74,9 +76,9 @@ class SendEmail(RequestBody):
         "may come from the template",
     )
     to: Addresses = Field(description="An address or a list of 1 to 50")
-    cc: Addresses | None = None
-    bcc: Addresses | None = None
-    reply_to: Addresses | None = None
+    cc: MoreAddresses | None = None
+    bcc: MoreAddresses | None = None
+    reply_to: MoreAddresses | None = None
     subject: str | None = Field(None, min_length=1, max_length=MAX_ADDRESS_FIELD)
     html: str | None = Field(None, min_length=1)
     text: str | None = Field(None, min_length=1)
@@ -87,6 +89,12 @@ class SendEmail(RequestBody):
         None, description="RFC 3339 with a time zone; in the future, at most 30 days ahead"
     )
     template: TemplateUse | None = None
+
+    @field_validator("cc", "bcc", "reply_to", mode="after")
+    @classmethod
+    def empty_is_none(cls, value: str | list[str] | None) -> str | list[str] | None:
+        """``[]`` is none, as null is, so a template's reply-to still applies."""
+        return None if value == [] else value
 
     @model_validator(mode="after")
     def content(self) -> Self:

@@ -1,0 +1,65 @@
+"""POST /emails input at its edges: every ``ARC-*`` header is refused, a
+display name refuses the characters a subject refuses, and an empty ``cc``,
+``bcc`` or ``reply_to`` list is none."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import assert_error
+from tests.email.helpers import SENDER, ok, send
+
+
+@pytest.fixture
+def client(client: httpx.AsyncClient, acme_domain: str) -> httpx.AsyncClient:
+    return client
+
+
+BODY = {"from": SENDER, "to": "ada@example.com", "subject": "Hi", "html": "<p>Hi</p>"}
+
+
+@pytest.mark.parametrize("name", ["ARC-Foo", "arc-seal", "Arc-Message-Signature", "ARC-"])
+async def test_every_arc_header_is_refused(client: httpx.AsyncClient, name: str) -> None:
+    refused = await client.post("/emails", json={**BODY, "headers": {name: "x"}})
+    message = assert_error(refused, 400, "BAD_REQUEST")
+    assert message == f"headers.{name}: Tidings sets this header itself; it cannot be given"
+
+
+async def test_headers_merely_like_arc_are_fine(client: httpx.AsyncClient) -> None:
+    headers = {"X-ARC-Foo": "x", "Arcade": "y"}
+    email_id = await send(client, headers=headers)
+    assert ok(await client.get(f"/emails/{email_id}"))["headers"] == headers
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x9b"])
+@pytest.mark.parametrize("field", ["from", "to", "cc", "bcc", "reply_to"])
+async def test_a_display_name_refuses_separators_and_c1_controls(
+    client: httpx.AsyncClient, field: str, char: str
+) -> None:
+    value = f"Ann{char}Lee <ann@acme.example>"
+    refused = await client.post("/emails", json={**BODY, field: value})
+    message = assert_error(refused, 400, "BAD_REQUEST")
+    assert message.startswith(f"{field}: ") and "control characters are not allowed" in message
+    # The same as a subject with it.
+    subject = await client.post("/emails", json={**BODY, "subject": f"Ann{char}Lee"})
+    assert "control characters are not allowed" in assert_error(subject, 400, "BAD_REQUEST")
+
+
+async def test_an_empty_list_is_none(client: httpx.AsyncClient) -> None:
+    email_id = await send(client, cc=[], bcc=[], reply_to=[])
+    shown = ok(await client.get(f"/emails/{email_id}"))
+    assert (shown["cc"], shown["bcc"], shown["reply_to"]) == ([], [], [])
+    # As null is: a template's reply-to still applies.
+    created = ok(await client.post("/templates", json={
+        "name": "Note", "alias": "note", "subject": "Hi", "html": "<p>x</p>",
+        "reply_to": "help@acme.example",
+    }), 201)
+    ok(await client.post(f"/templates/{created['id']}/publish"))
+    for reply_to in ([], None):
+        email_id = await send(client, subject=None, html=None, reply_to=reply_to,
+                              template={"alias": "note"})
+        assert ok(await client.get(f"/emails/{email_id}"))["reply_to"] == ["help@acme.example"]
+    # ``to`` still needs one address.
+    refused = await client.post("/emails", json={**BODY, "to": []})
+    assert_error(refused, 400, "BAD_REQUEST")
