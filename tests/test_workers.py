@@ -337,3 +337,31 @@ async def test_workers_that_keep_dying_stop_the_set_with_exit_1(tmp_path: Path) 
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_every_scrape_counts_the_requests_of_every_worker(tmp_path: Path) -> None:
+    """Whichever worker answers ``GET /metrics``, the HTTP counters hold the
+    requests of both (files they share), and each scrape names the one that
+    answered."""
+    port, _, process = await start_set(tmp_path / "data")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        both = await worker_pids(url)
+        for _ in range(20):
+            async with httpx.AsyncClient() as client:  # a worker picked per connection
+                assert (await client.get(f"{url}/no-such-route")).status_code == 404
+        answered: set[int] = set()
+        with trio.fail_after(30):
+            while answered != both:
+                async with httpx.AsyncClient() as client:
+                    text = (await client.get(f"{url}/metrics")).text
+                [pid] = re.findall(r'^tidings_process\{pid="(\d+)"\} 1\.0$', text, re.M)
+                answered.add(int(pid))
+                counted = re.findall(
+                    r'^tidings_http_requests_total\{[^}]*status="404"[^}]*\} (\S+)$', text, re.M
+                )
+                assert sum(float(value) for value in counted) == 20, (pid, counted)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(15):
+            await process.wait()

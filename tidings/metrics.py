@@ -1,5 +1,14 @@
 """Prometheus metrics of one service: HTTP traffic, the actor runtime, and the
-process (CPU, memory, open file descriptors, garbage collection)."""
+process (CPU, memory, open file descriptors, garbage collection).
+
+Under ``tidings serve --workers N`` a scrape reaches whichever worker the
+kernel hands its connection to. The HTTP series are then kept in files the
+workers share (prometheus_client's multiprocess mode: ``MULTIPROC_ENV``,
+set by the parent for its workers), so that every scrape counts every
+worker's requests, those of workers that have died included, and a
+counter never goes back. The other series describe the process that
+answered, named by ``tidings_process{pid}``.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +18,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Gauge,
     GCCollector,
     Histogram,
     ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from tidings.actors.runtime import Supervised
@@ -23,6 +32,19 @@ from tidings.actors.runtime import Supervised
 # Label values come from requests: a client may send any method name, and
 # every new label value is a series kept for the process's lifetime.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+# prometheus_client reads it when it is imported: values in files there.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _ProcessCollector(Collector):
+    """``tidings_process{pid} 1``: which process answered the scrape. Not a
+    Gauge, which in multiprocess mode would be written to the shared files."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        found = GaugeMetricFamily("tidings_process", "This process (its pid)", labels=["pid"])
+        found.add_metric([str(os.getpid())], 1)
+        yield found
 
 
 class _SupervisorCollector(Collector):
@@ -78,23 +100,28 @@ class Metrics:
     ) -> None:
         self.registry = CollectorRegistry()
         self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        shared = os.environ.get(MULTIPROC_ENV)
+        # Shared: the HTTP series are collected from the files, not from here.
+        http = None if shared else self.registry
+        self._shared: CollectorRegistry | None = None
+        if shared:
+            self._shared = CollectorRegistry()
+            MultiProcessCollector(self._shared, path=shared)
         self.requests = Counter(
             "tidings_http_requests",
             "HTTP requests answered",
             ["method", "route", "status"],
-            registry=self.registry,
+            registry=http,
         )
         self.latency = Histogram(
             "tidings_http_request_duration_seconds",
             "Time to answer an HTTP request",
             ["method", "route", "status"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
-            registry=self.registry,
+            registry=http,
         )
         # Which process answered: with --workers N each scrape reaches one of them.
-        Gauge(
-            "tidings_process", "This process (its pid)", ["pid"], registry=self.registry
-        ).labels(str(os.getpid())).set(1)
+        self.registry.register(_ProcessCollector())
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.registry.register(_SupervisorCollector(supervisors))
@@ -114,4 +141,5 @@ class Metrics:
         series[1].observe(seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        own = generate_latest(self.registry)
+        return own if self._shared is None else generate_latest(self._shared) + own

@@ -31,6 +31,7 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,6 +46,7 @@ import trio
 import triopg
 
 from tidings.config import Config
+from tidings.metrics import MULTIPROC_ENV
 from tidings.sealing import HANDED_KEY_ENV, load_key
 from tidings.storage.db import open_asyncio_bridge, resolve_url
 
@@ -249,6 +251,18 @@ def _run(config: Config, host: str, port: int, count: int, received: list[int]) 
     if not config.database_url:
         env["DATABASE_URL"] = url
     env[PARENT_ENV] = str(os.getpid())
+    # The workers' HTTP series, in files they share (``tidings.metrics``).
+    shared_metrics = tempfile.mkdtemp(prefix="tidings-metrics-")
+    env[MULTIPROC_ENV] = shared_metrics
+    try:
+        return _serve(env, config, host, port, count, received)
+    finally:
+        shutil.rmtree(shared_metrics, ignore_errors=True)
+
+
+def _serve(
+    env: dict[str, str], config: Config, host: str, port: int, count: int, received: list[int]
+) -> int:
     command = [
         sys.executable, "-m", "tidings", "serve", "--host", host, "--port", str(port),
         "--reuse-port",
