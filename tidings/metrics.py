@@ -106,7 +106,7 @@ class Metrics:
         self._shared: CollectorRegistry | None = None
         if shared:
             self._shared = CollectorRegistry()
-            MultiProcessCollector(self._shared, path=shared)
+            MultiProcessCollector(self._shared, path=shared)  # type: ignore[no-untyped-call]
         self.requests = Counter(
             "tidings_http_requests",
             "HTTP requests answered",
