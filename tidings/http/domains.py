@@ -23,8 +23,9 @@ from tidings.email.verification import outcome, statuses_of
 from tidings.http.envelope import ApiError, conflict, not_found
 from tidings.http.models import RequestBody
 from tidings.http.paging import Paging, page
-from tidings.http.routing import Answer, Call, Routes
+from tidings.http.routing import Answer, Call, Finish, Routes
 from tidings.storage import domains as store
+from tidings.storage.connection import Connection
 from tidings.storage.errors import Duplicate
 
 routes = Routes("Domains")
@@ -164,7 +165,7 @@ def _one_of_the_teams_verifications(call: Call) -> Iterator[None]:
     summary="Look the domain's records up now; verified when SPF and DKIM are",
     permission="domains:write", response=DomainOut, body_required=False, pooled=False,
 )
-async def verify_domain(call: Call, domain_id: UUID) -> DomainOut:
+async def verify_domain(call: Call, domain_id: UUID) -> Finish:
     # No connection is held while name servers are asked (``pooled=False``).
     domain = await call.service.db.run(store.get_domain, call.team_id, domain_id)
     if domain is None:
@@ -176,10 +177,15 @@ async def verify_domain(call: Call, domain_id: UUID) -> DomainOut:
         raise ApiError(
             503, "SERVICE_UNAVAILABLE", f"DNS gave no answer, try again later: {error}"
         ) from None
-    stored = await call.service.db.run(store.record_checks, [outcome(domain, statuses)])
-    if not stored:
-        raise not_found("domain")
-    return DomainOut.of(stored[0])
+    checked = outcome(domain, statuses)
+
+    async def record(conn: Connection) -> DomainOut:
+        stored = await store.record_checks(conn, [checked])
+        if not stored:
+            raise not_found("domain")  # deleted meanwhile
+        return DomainOut.of(stored[0])
+
+    return Finish(record)
 
 
 @routes.route(

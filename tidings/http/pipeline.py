@@ -41,7 +41,7 @@ from tidings.http.idempotency_key import (
 )
 from tidings.http.parsing import arguments, parse_path, query_values, read_body
 from tidings.http.ratelimit import RateLimiter
-from tidings.http.routing import MUTATING, NO_CONNECTION, Answer, Call, Route
+from tidings.http.routing import MUTATING, NO_CONNECTION, Answer, Call, Finish, Route
 from tidings.storage import idempotency as records
 from tidings.storage import tokens as token_store
 from tidings.storage.db import AsyncioConnection, Connection
@@ -257,12 +257,17 @@ async def run_idempotent(
     stored = False
     try:
         if not route.pooled:
+            # The wait outside holds no connection; the writes and the stored
+            # response then commit together (a lost claim rolls both back).
             call = Call(service, token, NO_CONNECTION)
-            status, body, headers = render(route, await route.handler(call, **kwargs))
-            if 200 <= status < 300:
-                async with service.db.transaction() as conn:
+            result = await route.handler(call, **kwargs)
+            async with service.db.transaction() as conn:
+                if isinstance(result, Finish):
+                    result = await result.unit(conn)
+                status, body, headers = render(route, result)
+                if 200 <= status < 300:
                     await store_response(conn, call, route, key, claim, status, body)
-                stored = True
+                    stored = True
             call.committed()
             return json_response(status, body, headers)
         async with service.db.transaction() as conn:
@@ -299,6 +304,9 @@ async def run_on_trio(
     if not route.pooled:
         call = Call(service, token, NO_CONNECTION)
         result = await route.handler(call, **kwargs)
+        if isinstance(result, Finish):
+            async with service.db.acquire() as conn:
+                result = await result.unit(conn)
         call.committed()
         return json_response(*render(route, result))
     async with service.db.acquire() as conn:

@@ -18,11 +18,13 @@ request's whole storage work on the asyncio side in one crossing.
 
 A route declared ``pooled=False`` waits on something outside (a provider's
 API, DNS) and holds no connection while it does: its handler gets
-``NO_CONNECTION`` and does its storage work in units of its own
-(``service.db.run``), each on a pooled connection only while it runs. A
-slow provider then holds none of the connections that every other request
-needs. Under an Idempotency-Key its writes commit as they go, and the
-response is stored after them.
+``NO_CONNECTION``, reads what it needs in units of its own
+(``service.db.run``), each on a pooled connection only while it runs, and
+returns its writes as a ``Finish``. The pipeline runs that on a pooled
+connection, in one transaction with the stored response under an
+Idempotency-Key (which it checks is still the request's), so the writes
+and the response commit together as for any other route. A slow provider
+then holds none of the connections that every other request needs.
 """
 
 from __future__ import annotations
@@ -82,6 +84,15 @@ class _NoConnection:
 
 
 NO_CONNECTION: Connection = _NoConnection()
+
+
+@dataclass(frozen=True)
+class Finish:
+    """What a ``pooled=False`` handler returns when it writes: ``unit(conn)``
+    makes the writes and gives the handler's result (or raises its error),
+    run by the pipeline in the request's transaction."""
+
+    unit: Callable[[Connection], Awaitable[Any]]
 
 
 @dataclass(frozen=True)

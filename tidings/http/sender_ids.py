@@ -21,10 +21,11 @@ from tidings.fields import FieldError
 from tidings.http.envelope import bad_request, not_found
 from tidings.http.models import ListQuery, RequestBody, Resource
 from tidings.http.paging import page
-from tidings.http.routing import Answer, Call, Routes
+from tidings.http.routing import Answer, Call, Finish, Routes
 from tidings.phones import parse_phone
 from tidings.providers.sms import SenderIdDecision, SenderIdType
 from tidings.storage import sender_ids as store
+from tidings.storage.connection import Connection
 
 routes = Routes("Sender IDs")
 
@@ -122,15 +123,18 @@ def checked_countries(countries: list[str] | None, implied: list[str]) -> list[s
     permission="domains:write", body=CreateSenderId, response=SenderIdOut, status=201,
     pooled=False,
 )
-async def create_sender_id(call: Call, body: CreateSenderId) -> SenderIdOut:
+async def create_sender_id(call: Call, body: CreateSenderId) -> Finish:
     value, implied = checked_value(body.value, body.type)
     countries = checked_countries(body.countries, implied)
     # No connection is held while the provider reviews it (``pooled=False``).
     status = await call.service.sms.provider.review_sender_id(value, body.type)
-    created = await call.service.db.run(
-        store.create_sender_id, call.team_id, value, body.type, status, countries
-    )
-    return SenderIdOut.of(created)
+    team_id = call.team_id
+
+    async def create(conn: Connection) -> SenderIdOut:
+        created = await store.create_sender_id(conn, team_id, value, body.type, status, countries)
+        return SenderIdOut.of(created)
+
+    return Finish(create)
 
 
 @routes.route(

@@ -21,11 +21,12 @@ from tidings.fields import FieldError
 from tidings.http.emails_input import InputError, check_schedule
 from tidings.http.envelope import ApiError, bad_request, conflict, not_found, unprocessable
 from tidings.http.models import Moment, RequestBody
-from tidings.http.routing import Call, Routes
+from tidings.http.routing import Call, Finish, Routes
 from tidings.http.sms_models import SmsOut
 from tidings.phones import parse_phone
 from tidings.sms_encoding import Encoding, encode
 from tidings.storage import sms as store
+from tidings.storage.connection import Connection
 
 routes = Routes("SMS", storage_units=True)
 
@@ -192,11 +193,10 @@ async def cancel_sms(call: Call, sms_id: UUID) -> dict[str, Any]:
     permission="sms:send", response=SmsOut, body_required=False, storage_unit=False,
     pooled=False,
 )
-async def sync_sms(call: Call, sms_id: UUID) -> dict[str, Any]:
+async def sync_sms(call: Call, sms_id: UUID) -> dict[str, Any] | Finish:
     # No connection is held while the provider is asked (``pooled=False``);
     # what it says moves the message only forward, whenever it is applied.
-    db = call.service.db
-    found = await db.run(store.get_sms, call.team_id, sms_id)
+    found = await call.service.db.run(store.get_sms, call.team_id, sms_id)
     if found is None:
         raise not_found("SMS")
     provider = call.service.sms.provider
@@ -211,8 +211,13 @@ async def sync_sms(call: Call, sms_id: UUID) -> dict[str, Any]:
     if update is None:
         return SmsOut.of(found).dump()
     report = store.Report(found.id, update.status, provider.name, update.code, update.message)
-    await db.run(store.record_reports, [report])
-    synced = await db.run(store.get_sms, call.team_id, sms_id)
-    if synced is None:
-        raise not_found("SMS")  # deleted meanwhile
-    return SmsOut.of(synced).dump()
+    team_id = call.team_id
+
+    async def apply(conn: Connection) -> dict[str, Any]:
+        await store.record_reports(conn, [report])
+        synced = await store.get_sms(conn, team_id, sms_id)
+        if synced is None:
+            raise not_found("SMS")  # deleted meanwhile
+        return SmsOut.of(synced).dump()
+
+    return Finish(apply)

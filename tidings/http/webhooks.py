@@ -12,9 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tidings.http.envelope import ApiError, conflict, not_found
 from tidings.http.models import RequestBody, list_of, never_null
 from tidings.http.paging import Paging, page
-from tidings.http.routing import Answer, Call, Routes
+from tidings.http.routing import Answer, Call, Finish, Routes
 from tidings.storage import events as event_store
 from tidings.storage import webhooks as store
+from tidings.storage.connection import Connection
 from tidings.webhooks.catalogue import ALL_EVENTS, EVENT_TYPES, TEST_EVENT
 from tidings.webhooks.safety import TooManyChecks, UnsafeTarget
 from tidings.webhooks.urls import MAX_URL_LENGTH, check_url
@@ -187,18 +188,19 @@ async def _endpoint(call: Call, endpoint_id: UUID) -> store.Endpoint:
     permission="webhooks:write", body=CreateEndpoint, response=EndpointWithSecret, status=201,
     secret_response=True, pooled=False,
 )
-async def create_endpoint(call: Call, body: CreateEndpoint) -> EndpointWithSecret:
+async def create_endpoint(call: Call, body: CreateEndpoint) -> Finish:
     # No connection is held while the URL's name is resolved (``pooled=False``).
     await _vet_target(call, body.url)
-    endpoint = await call.service.db.run(
-        store.create_endpoint,
-        call.team_id,
-        url=body.url,
-        events=body.events,
-        description=body.description,
-        secret=new_secret(),
-    )
-    return EndpointWithSecret.model_validate(endpoint)
+    team_id = call.team_id
+
+    async def create(conn: Connection) -> EndpointWithSecret:
+        endpoint = await store.create_endpoint(
+            conn, team_id, url=body.url, events=body.events, description=body.description,
+            secret=new_secret(),
+        )
+        return EndpointWithSecret.model_validate(endpoint)
+
+    return Finish(create)
 
 
 @routes.route(
@@ -222,23 +224,23 @@ async def get_endpoint(call: Call, endpoint_id: UUID) -> EndpointOut:
     "PATCH", "/webhook-endpoints/{endpoint_id}", summary="Update a webhook endpoint",
     permission="webhooks:write", body=UpdateEndpoint, response=EndpointOut, pooled=False,
 )
-async def update_endpoint(call: Call, endpoint_id: UUID, body: UpdateEndpoint) -> EndpointOut:
+async def update_endpoint(call: Call, endpoint_id: UUID, body: UpdateEndpoint) -> Finish:
     given = body.model_fields_set
     for name in ("url", "events"):
         if name in given and getattr(body, name) is None:
             raise ApiError(400, "BAD_REQUEST", f"{name}: may be changed but not removed")
     if body.url is not None:
         await _vet_target(call, body.url)
-    endpoint = await call.service.db.run(
-        store.update_endpoint,
-        call.team_id,
-        endpoint_id,
-        url=body.url,
-        events=body.events,
-        description=body.description,
-        set_description="description" in given,
-    )
-    return EndpointOut.model_validate(_found(endpoint))
+    team_id = call.team_id
+
+    async def update(conn: Connection) -> EndpointOut:
+        endpoint = await store.update_endpoint(
+            conn, team_id, endpoint_id, url=body.url, events=body.events,
+            description=body.description, set_description="description" in given,
+        )
+        return EndpointOut.model_validate(_found(endpoint))
+
+    return Finish(update)
 
 
 @routes.route(
