@@ -4,6 +4,7 @@ a large html document takes seconds, and the emails behind it must not wait."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from uuid import uuid4
 
 import httpx
 import pytest
@@ -13,7 +14,8 @@ from tests.email.conftest import smtp_config
 from tests.email.helpers import send
 from tests.email.smtp_sink import Sink, running_sink
 from tidings.config import Config
-from tidings.providers.smtp import LARGE_BYTES
+from tidings.providers.email import OutgoingEmail
+from tidings.providers.smtp import LARGE_BYTES, Renderer
 
 
 @pytest.fixture
@@ -46,3 +48,21 @@ async def test_a_small_email_is_not_built_behind_large_ones(
             await trio.sleep(0.05)
     order = [message.recipients[0] for message in sink.messages]
     assert order[0] == "small@example.com", order
+
+
+async def test_a_render_cut_short_does_not_wait_for_large_messages() -> None:
+    """Cancelled (a shutdown), the senders waiting on large messages return at
+    once: nothing holds them until every queued message is built."""
+    renderer = Renderer(1, batch=1)
+    email = OutgoingEmail(
+        message_id=uuid4(), team_id=uuid4(), sender="news@acme.example", return_paths={},
+        recipients=("ada@example.com",), to=("ada@example.com",), subject="Large",
+        html="<p>x</p>" * 60_000,  # about 3 s to derive its text part
+    )
+    started = trio.current_time()
+    with trio.move_on_after(0.5):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(renderer.render, email)
+    assert trio.current_time() - started < 2.5
+

@@ -80,47 +80,73 @@ class _Job:
     error: Exception | None = None
 
 
-def _render_all(jobs: list[_Job]) -> None:
-    for job in jobs:
+def _render_all(emails: list[OutgoingEmail]) -> list[bytes | Exception]:
+    found: list[bytes | Exception] = []
+    for email in emails:
         try:
-            job.message = render(job.email)
+            found.append(render(email))
         except Exception as error:  # one bad email fails alone
-            job.error = error
+            found.append(error)
+    return found
 
 
 class Renderer:
     """Renders messages in up to ``threads`` worker threads, as many as are
-    waiting (up to ``RENDER_BATCH``) per trip to a thread: a trip costs the
-    event loop about as much CPU as building a message."""
+    waiting (up to ``batch``) per trip to a thread: a trip costs the event
+    loop about as much CPU as building a message.
+
+    Whoever waits for a message takes a turn at rendering when a thread is
+    free, until its own is done. A trip cut short (a shutdown, a lost
+    lease) is left to finish in its thread and its results dropped
+    (rendering changes nothing), and its messages wait for the next turn:
+    nobody waits on a large message being built once they are cancelled."""
 
     def __init__(self, threads: int, batch: int = RENDER_BATCH) -> None:
         self._threads = threads
         self._batch = batch
         self._running = 0
         self._queue: list[_Job] = []
+        self._turn = trio.Event()
 
     async def render(self, email: OutgoingEmail) -> bytes:
         job = _Job(email)
         self._queue.append(job)
-        if self._running < self._threads:
-            self._running += 1
-            try:
-                # Shielded: a batch taken from the queue is always finished, so
-                # nobody waits for a job that no one will render.
-                with trio.CancelScope(shield=True):
-                    while self._queue:
-                        batch = self._queue[:self._batch]
-                        del self._queue[:self._batch]
-                        await trio.to_thread.run_sync(_render_all, batch)
-                        for done in batch:
-                            done.done.set()
-            finally:
-                self._running -= 1
-        await job.done.wait()
+        try:
+            while not job.done.is_set():
+                if self._running < self._threads and self._queue:
+                    await self._trip()
+                else:
+                    await self._turn.wait()
+        finally:
+            if not job.done.is_set() and job in self._queue:
+                self._queue.remove(job)  # given up before it was rendered
         if job.error is not None:
             raise job.error
         assert job.message is not None
         return job.message
+
+    async def _trip(self) -> None:
+        batch = self._queue[:self._batch]
+        del self._queue[:self._batch]
+        self._running += 1
+        try:
+            made = await trio.to_thread.run_sync(
+                _render_all, [job.email for job in batch], abandon_on_cancel=True
+            )
+        except BaseException:
+            # Cut short: the others of the batch wait for another turn.
+            self._queue[:0] = batch
+            raise
+        finally:
+            self._running -= 1
+            self._turn.set()
+            self._turn = trio.Event()
+        for job, result in zip(batch, made, strict=True):
+            if isinstance(result, Exception):
+                job.error = result
+            else:
+                job.message = result
+            job.done.set()
 
 
 def _outcome(recipient: str, kind: str, reply: Reply) -> EmailOutcome:
