@@ -1,14 +1,17 @@
-"""Suppressions: normalised, unique per team, and one question for many addresses."""
+"""Suppressions: normalised, unique per team, one question for many addresses,
+and a phone's ``sms_opt_out`` doing to the team's contacts what a STOP does."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import httpx
 
-from tests.conftest import MakeToken, assert_error
-from tests.http.audience import make, ok
+from tests.conftest import Credential, MakeToken, assert_error
+from tests.http.audience import create, make, ok
+from tests.sms.test_consent_races import NUMBER, OTHER, consent, meanwhile, phone_change
 from tidings.service import Service
 from tidings.storage import suppressions as suppression_store
 
@@ -117,3 +120,58 @@ async def test_suppressed_answers_for_many_addresses_at_once(
         assert await suppression_store.suppressed(conn, globex.team_id, asked) == {
             "grace@example.com"
         }
+
+
+async def test_an_sms_opt_out_opts_the_teams_contacts_with_the_number_out(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, make_token: MakeToken
+) -> None:
+    """As the number's STOP does (docs/sms.md, Consent): source ``keyword``,
+    stamped when the STOP was recorded, as a contact given the number later
+    is. Another number, another team and a manual suppression are left be."""
+    number, other = "+14155550140", "+14155550141"
+    opted_in = await create(client, phone=number, sms_consent_status="opted_in")
+    unknown = await create(client, phone="+1 415 555 0140")
+    crm = await create(client, phone=number, sms_consent_status="opted_out",
+                       sms_consent_source="crm")
+    elsewhere = await create(client, phone=other, sms_consent_status="opted_in")
+    globex = await make_token(team="globex")
+    theirs = ok(await http.post("/contacts", headers=globex.headers, json={
+        "phone": number, "sms_consent_status": "opted_in"}), 201)
+
+    await suppress(client, other, reason="manual")
+    stop = await suppress(client, "+1 (415) 555-0140", reason="sms_opt_out")
+    assert stop["sms_opted_out_at"] is not None
+
+    async def stamped(contact: dict[str, Any], headers: Any = None) -> tuple[Any, ...]:
+        found = ok(await http.get(f"/contacts/{contact['id']}",
+                                  headers=headers or client.headers))
+        return (found["sms_consent_status"], found["sms_consent_source"],
+                found["sms_consent_updated_at"])
+
+    for contact in (opted_in, unknown):
+        status, source, at = await stamped(contact)
+        assert (status, source) == ("opted_out", "keyword")
+        assert datetime.fromisoformat(at) == datetime.fromisoformat(stop["sms_opted_out_at"])
+    assert await stamped(crm) == ("opted_out", "crm", crm["sms_consent_updated_at"])
+    assert await stamped(elsewhere) == (
+        "opted_in", "api", elsewhere["sms_consent_updated_at"])
+    assert await stamped(theirs, globex.headers) == (
+        "opted_in", "api", theirs["sms_consent_updated_at"])
+    # And opted_in is refused until the number replies START, as after a STOP.
+    refused = await client.patch(f"/contacts/{opted_in['id']}",
+                                 json={"sms_consent_status": "opted_in"})
+    assert "replied STOP" in assert_error(refused, 409, "CONFLICT")
+
+
+async def test_an_sms_opt_out_meeting_a_phone_change_in_flight_opts_the_contact_out(
+    client: httpx.AsyncClient, acme: Credential, database_url: str
+) -> None:
+    """The suppression takes the team's consent lock as a STOP does: it waits
+    for a PATCH giving a contact the number, then opts that contact out."""
+    contact = await create(client, phone=OTHER, sms_consent_status="opted_in")
+    answer = await meanwhile(
+        database_url, phone_change(acme.team_id, contact["id"], "opted_in"),
+        lambda: client.post("/suppressions", json={"address": NUMBER, "reason": "sms_opt_out"}),
+    )
+    ok(answer, 201)
+    assert await consent(client, contact["id"]) == ("opted_out", "keyword")

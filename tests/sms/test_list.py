@@ -87,6 +87,20 @@ async def test_sender_is_exact_on_from(four: httpx.AsyncClient) -> None:
     assert await listed(four, sender="Sho") == []
 
 
+async def test_a_long_code_sender_with_an_unencoded_plus_is_read_as_written(
+    four: httpx.AsyncClient,
+) -> None:
+    ok(await four.post("/sender-ids", json={"value": "+14155550199", "type": "long_code"}), 201)
+    await send(four, **{"from": "+14155550199"}, body="From the long code")
+    assert bodies(await listed(four, sender="+14155550199")) == ["From the long code"]
+    # "+" unencoded arrives as a space: read as the "+" it was, as in dates.
+    spaced = await four.get("/sms?sender=+14155550199")
+    assert bodies(ok(spaced)) == ["From the long code"]
+    # Only a space and digits: nothing else is taken for a number.
+    assert await listed(four, sender=" Shop") == []
+    assert await listed(four, sender="  14155550199") == []
+
+
 async def test_dates_are_inclusive_and_take_offsets(four: httpx.AsyncClient) -> None:
     # 13:00Z and 14:00Z exactly, both included.
     both = await listed(four, start_date="2024-03-10T13:00:00Z", end_date="2024-03-10T14:00:00Z")

@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import trio
 
@@ -31,7 +31,8 @@ class TwilioDouble:
     before answering a fetch of a message (a slow API), and answers of its
     own for every send to a number (``answers``, by ``To``: but for a 429
     the message is taken all the same, as Twilio takes it before its answer
-    can go wrong) and for every fetch of a SID (``fetch_answers``)."""
+    can go wrong), for every fetch of a SID (``fetch_answers``) and for
+    every look-up of a number or short code (``numbers_answer``)."""
 
     owned_numbers: set[str] = field(default_factory=set)
     owned_short_codes: set[str] = field(default_factory=set)
@@ -45,6 +46,7 @@ class TwilioDouble:
     before_fetched: Callable[[str], Awaitable[None]] | None = None
     answers: dict[str, Answer] = field(default_factory=dict)
     fetch_answers: dict[str, Answer] = field(default_factory=dict)
+    numbers_answer: Answer | None = None
 
     @property
     def base(self) -> str:
@@ -73,6 +75,9 @@ class TwilioDouble:
         if self.numbers_unavailable and path in ("/IncomingPhoneNumbers.json",
                                                  "/SMS/ShortCodes.json"):
             return self._error(503, 20503, "Service Unavailable")
+        if self.numbers_answer is not None and path in ("/IncomingPhoneNumbers.json",
+                                                        "/SMS/ShortCodes.json"):
+            return self.numbers_answer
         if request.method == "POST" and path == "/Messages.json":
             form = dict(parse_qsl(request.body.decode()))
             answer = self._create(form)
@@ -81,7 +86,7 @@ class TwilioDouble:
                 await self.before_created(json.loads(answer[1])["sid"])
             return answer
         if request.method == "GET" and path.startswith("/Messages/"):
-            sid = path.removeprefix("/Messages/").removesuffix(".json")
+            sid = unquote(path.removeprefix("/Messages/").removesuffix(".json"))
             if self.before_fetched is not None:
                 await self.before_fetched(sid)
             if sid in self.fetch_answers:

@@ -12,9 +12,13 @@ the email worker's:
   that calls back, the statuses it reported before the batch's provider
   ids were stored (``sms_early_reports``). A provider that did
   not take the message (HTTP 429, 5xx, unreachable) is tried again after
-  ``TIDINGS_SMS_RETRY_SCHEDULE`` (or its ``Retry-After``, if later); after
-  the last step the message is ``failed``. Accepting a message NOTIFYs its
-  team's actor.
+  ``TIDINGS_SMS_RETRY_SCHEDULE`` (or its ``Retry-After``, if later, up to
+  a day); after the last step the message is ``failed``. An answer that
+  cannot be made into an outcome fails that message alone (or makes it
+  ``unknown``, if the provider took it): an attempt never raises, since
+  one that did would end the team's actor and cut short the sends in
+  flight beside it, which the provider may have taken, to be sent again.
+  Accepting a message NOTIFYs its team's actor.
 * ``sms-followups``: one actor per process (``tidings.actors.drain``) that
   records followups as they fall due, many per transaction.
 """
@@ -33,7 +37,14 @@ from tidings.actors.drain import Drain
 from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
 from tidings.actors.runtime import Runtime
 from tidings.config import Config
-from tidings.providers.sms import OutgoingSms, Retry, SmsProvider, SmsResult
+from tidings.providers.sms import (
+    MAX_RETRY_AFTER,
+    OutgoingSms,
+    Retry,
+    SmsProvider,
+    SmsResult,
+    SmsStatus,
+)
 from tidings.storage import sms_sending as store
 from tidings.storage.db import Database
 from tidings.storage.sms import DUE_CHANNEL, Report
@@ -43,6 +54,8 @@ log = logging.getLogger("tidings.sms")
 IDLE_SECONDS = 30.0
 FOLLOWUPS = "followups"
 STATUS_CALLBACK_PATH = "/providers/twilio/status"
+# The code of an attempt whose provider's answer could not be recorded.
+UNRECORDABLE = "unrecordable_answer"
 
 
 class SmsSide:
@@ -73,7 +86,9 @@ class SmsSide:
             return None
         wait = timedelta(seconds=schedule[attempt - 1] * random.uniform(1.0, 1.1))
         if at_least is not None and at_least > wait:
-            wait = at_least
+            # Never past a day, whatever the provider asked: a longer wait
+            # could fall past the last date there is.
+            wait = max(wait, min(at_least, MAX_RETRY_AFTER))
         return now + wait
 
     async def attempt(self, sms: store.Claimed, claimed_at: datetime) -> store.Attempted:
@@ -102,7 +117,27 @@ class SmsSide:
             result = SmsResult(name, None, retry=Retry(
                 None, f"the provider failed: {type(failure).__name__}: {failure}"
             ))
-        return self._finish(sms, result, processing)
+        try:
+            return self._finish(sms, result, list(processing))
+        except Exception:  # one bad answer: this message alone, never the team's actor
+            log.exception("SMS %s: the provider's answer could not be recorded", sms.id)
+            return self._unrecordable(sms, result, processing)
+
+    def _unrecordable(
+        self, sms: store.Claimed, result: SmsResult, processing: list[Report]
+    ) -> store.Attempted:
+        """What to record when ``_finish`` failed on the provider's answer:
+        ``failed`` when the provider did not take the message, ``unknown``
+        when it may have (sending again could text the person twice). The
+        provider's own words stay in the log."""
+        taken = result.retry is None or result.provider_message_id is not None
+        status: SmsStatus = "unknown" if taken else "failed"
+        self.attempts[status] += 1
+        report = Report(
+            sms.id, status, result.provider, UNRECORDABLE,
+            "the provider's answer could not be recorded", message_id=result.provider_message_id,
+        )
+        return store.Attempted(sms, result.provider, None, [*processing, report])
 
     def _finish(
         self, sms: store.Claimed, result: SmsResult, reports: list[Report]

@@ -6,14 +6,17 @@ Only the team's messages; ``data`` is an array; ``limit`` 1 to 100 (default
 400); ``sender`` exact on ``from``; ``start_date`` and ``end_date``
 inclusive, RFC 3339 with an offset (400 without one, and when the end
 precedes the start); ``search`` case-insensitive and partial across
-recipient, sender, body and provider message id. Newest first.
+recipient, sender, body and provider message id. Newest first. An
+unencoded ``+`` arrives as a space: in a date's offset, and in a
+``sender`` that is a space and digits (a long code), it is read as ``+``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import Field, RootModel
+from pydantic import BeforeValidator, Field, RootModel
 
 from tidings.http.envelope import bad_request
 from tidings.http.models import CreatedRangeQuery, Moment
@@ -24,9 +27,23 @@ from tidings.storage import sms_list as store
 
 routes = Routes("SMS")
 
+# "+14155550100" arrives as " 14155550100" in a query string whose "+" was
+# not percent-encoded; no sender ID begins with a space (they are trimmed).
+_SPACED_NUMBER = re.compile(r" [0-9]+")
+
+
+def _plus(value: object) -> object:
+    if isinstance(value, str) and _SPACED_NUMBER.fullmatch(value):
+        return "+" + value[1:]
+    return value
+
+
 class SmsQuery(CreatedRangeQuery):
     status: SmsStatus | None = Field(None, description="Exact, on the normalized status")
-    sender: str | None = Field(None, min_length=1, max_length=32, description="Exact, on `from`")
+    sender: Annotated[str | None, BeforeValidator(_plus)] = Field(
+        None, min_length=1, max_length=32,
+        description="Exact, on `from`; an unencoded `+` before a number's digits is read as `+`",
+    )
     start_date: Moment | None = Field(
         None, description="Created at or after (RFC 3339 with an offset)"
     )

@@ -30,6 +30,11 @@ SenderIdDecision = Literal["approved", "pending", "rejected"]
 
 NOW = timedelta(0)
 
+# The longest wait a provider's ``Retry-After`` may ask for: beyond it a
+# message is tried again after a day all the same (docs/sms.md). A bound
+# keeps a provider's answer within the dates a moment can have.
+MAX_RETRY_AFTER = timedelta(days=1)
+
 
 @dataclass(frozen=True)
 class OutgoingSms:
@@ -70,7 +75,8 @@ class InboundSms:
 @dataclass(frozen=True)
 class Retry:
     """The provider did not take the message now (429, 5xx, unreachable):
-    send it again, not before ``after`` when the provider said so."""
+    send it again, not before ``after`` when the provider said so (at most
+    ``MAX_RETRY_AFTER``)."""
 
     code: str | None
     message: str

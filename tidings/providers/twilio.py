@@ -6,10 +6,13 @@ Written from Twilio's public API reference (REST API 2010-04-01):
   fields ``To``, ``From``, ``Body``, ``StatusCallback``, HTTP basic auth
   with the account SID and auth token; 201 with the message resource
   (``sid``, ``status``, ``error_code``, ``error_message``). A 429 (too many
-  requests) or a 5xx, or no answer, is a retry (honouring ``Retry-After``);
-  another 4xx is the message ``rejected`` with Twilio's ``code`` and
-  ``message`` (21211 invalid number, 21610 unsubscribed recipient, ...).
-* sync: ``GET .../Messages/{Sid}.json``.
+  requests) or a 5xx, or no answer, is a retry (honouring ``Retry-After``,
+  up to a day); another 4xx is the message ``rejected`` with Twilio's
+  ``code`` and ``message`` (21211 invalid number, 21610 unsubscribed
+  recipient, ...). A 2xx whose resource cannot be read (no ``sid``) took
+  the message all the same: it is ``unknown``, never sent again.
+* sync: ``GET .../Messages/{Sid}.json``, the SID percent-encoded; an
+  answer that is not a message resource is no answer (``TwilioUnavailable``).
 * sender review: a long code is approved when the account owns it
   (``GET .../IncomingPhoneNumbers.json?PhoneNumber=``), a short code
   likewise (``GET .../SMS/ShortCodes.json?ShortCode=``); alphanumeric IDs
@@ -27,16 +30,19 @@ import base64
 import hashlib
 import hmac
 import logging
+import re
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from tidings.config import Config
 from tidings.providers.sms import (
+    MAX_RETRY_AFTER,
     NOW,
     OutgoingSms,
     Retry,
@@ -107,6 +113,12 @@ class TwilioUnavailable(Exception):
     """Twilio did not answer a question (sync, review) usefully: try later."""
 
 
+# What the answer to a send records when Twilio said 2xx (it took the
+# message) but its resource cannot be read: the message may be delivered,
+# so it is not refused, and not sent again.
+UNREADABLE = "unreadable_answer"
+
+
 def tidings_status(twilio_status: str | None) -> SmsStatus:
     return STATUSES.get((twilio_status or "").strip().lower(), "unknown")
 
@@ -124,31 +136,71 @@ def valid_signature(
     return hmac.compare_digest(signature(auth_token, url, params), given.strip())
 
 
+# Delay-seconds (RFC 9110): ASCII digits only. ``str.isdigit`` also takes
+# ``²`` and other digits ``int`` refuses.
+_SECONDS = re.compile(r"[0-9]+")
+# More digits than this are more than a day in any case; ``int`` refuses
+# over 4300 of them.
+_MAX_SECONDS_DIGITS = 9
+
+
+def _http_date(raw: str | None) -> datetime | None:
+    """An HTTP date, zoned (one without a zone, ``-0000``, is UTC); None if unreadable."""
+    if not raw:
+        return None
+    try:
+        moment = parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def retry_after(response: httpx.Response) -> timedelta | None:
-    """``Retry-After`` in seconds or as an HTTP date; None when absent or unreadable."""
+    """``Retry-After`` in seconds or as an HTTP date (counted from the
+    answer's ``Date``, else from now), at most ``MAX_RETRY_AFTER``; None
+    when absent or unreadable."""
     raw = response.headers.get("Retry-After", "").strip()
     if not raw:
         return None
-    if raw.isdigit():
-        return timedelta(seconds=int(raw))
-    try:
-        moment = parsedate_to_datetime(raw)
-        date = parsedate_to_datetime(response.headers.get("Date", raw))
-    except (TypeError, ValueError):
+    if _SECONDS.fullmatch(raw):
+        if len(raw) > _MAX_SECONDS_DIGITS:
+            return MAX_RETRY_AFTER
+        return min(timedelta(seconds=int(raw)), MAX_RETRY_AFTER)
+    moment = _http_date(raw)
+    if moment is None:
         return None
-    return max(moment - date, timedelta(0))
+    date = _http_date(response.headers.get("Date")) or datetime.now(UTC)
+    return min(max(moment - date, timedelta(0)), MAX_RETRY_AFTER)
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
+def _json(response: httpx.Response) -> dict[str, Any] | None:
+    """The answer's JSON object; None when it is not one."""
     try:
         found = response.json()
     except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
+        return None
+    return found if isinstance(found, dict) else None
+
+
+# What PostgreSQL's text cannot hold (NUL) and UTF-8 cannot encode (a lone
+# surrogate, which JSON's ``\ud800`` gives): in Twilio's words they would
+# fail the transaction that records a whole batch of the team's sends.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def _text(value: object) -> str | None:
-    return None if value is None else str(value)
+    """A value of Twilio's answer as storable text (see ``_UNSTORABLE``)."""
+    return None if value is None else _UNSTORABLE.sub("\ufffd", str(value))
+
+
+def _sid(value: object) -> str | None:
+    """A message SID: Twilio's are ``SM`` and 32 hex digits, and any string
+    without spaces or control characters is taken; None for anything else."""
+    if not isinstance(value, str) or not 0 < len(value) <= 256:
+        return None
+    if any(not c.isprintable() or c.isspace() for c in value) or _UNSTORABLE.search(value):
+        return None
+    return value
 
 
 class TwilioSms:
@@ -169,20 +221,30 @@ class TwilioSms:
             response = await self._client.post(f"{self._account}/Messages.json", data=form)
         except httpx.HTTPError as error:
             return SmsResult(NAME, None, retry=Retry(None, unreachable(error)))
-        body = _json(response)
-        if response.status_code == 429 or response.status_code >= 500:
-            message = body.get("message") or f"Twilio answered {response.status_code}"
+        status = response.status_code
+        body = _json(response) or {}
+        if status == 429 or status >= 500:
             return SmsResult(NAME, None, retry=Retry(
-                _text(body.get("code")) or str(response.status_code), str(message),
+                _text(body.get("code")) or str(status),
+                _text(body.get("message")) or f"Twilio answered {status}",
                 retry_after(response),
             ))
-        if response.status_code >= 400 or not body.get("sid"):
+        if not 200 <= status < 300:
             update = SmsUpdate(
-                "rejected", NOW, _text(body.get("code")) or str(response.status_code),
-                _text(body.get("message")) or f"Twilio answered {response.status_code}",
+                "rejected", NOW, _text(body.get("code")) or str(status),
+                _text(body.get("message")) or f"Twilio answered {status}",
             )
             return SmsResult(NAME, None, updates=(update,))
-        return SmsResult(NAME, str(body["sid"]), updates=(self._update(body),))
+        sid = _sid(body.get("sid"))
+        if sid is None:
+            log.warning("Twilio answered %s to a send without a message SID: %.200r",
+                        status, response.text)
+            return SmsResult(NAME, None, updates=(SmsUpdate(
+                "unknown", NOW, UNREADABLE,
+                f"Twilio took the message (it answered {status}) but its answer could "
+                "not be read (no message SID): the message may be delivered",
+            ),))
+        return SmsResult(NAME, sid, updates=(self._update(body),))
 
     def _update(self, message: dict[str, Any]) -> SmsUpdate:
         return SmsUpdate(
@@ -192,8 +254,13 @@ class TwilioSms:
         )
 
     async def fetch(self, provider_message_id: str) -> SmsUpdate | None:
-        found = await self._get(f"/Messages/{provider_message_id}.json", {})
-        return None if found is None else self._update(found)
+        # The SID is Twilio's text: one path segment whatever it holds.
+        found = await self._get(f"/Messages/{quote(provider_message_id, safe='')}.json", {})
+        if found is None:
+            return None
+        if not isinstance(found.get("status"), str):
+            raise TwilioUnavailable("Twilio's answer could not be read (no message status)")
+        return self._update(found)
 
     async def review_sender_id(self, value: str, type: SenderIdType) -> SenderIdDecision:
         if type == "alphanumeric":
@@ -208,7 +275,9 @@ class TwilioSms:
             found = await self._get(path, query)
         except TwilioUnavailable:
             return "pending"  # not decided: it cannot send until it is approved
-        owned = [] if found is None else found.get(key) or []
+        owned = [] if found is None else found.get(key)
+        if not isinstance(owned, list):
+            return "pending"  # an answer that says nothing decides nothing
         return "approved" if owned else "rejected"
 
     async def _get(self, path: str, query: dict[str, str]) -> dict[str, Any] | None:
@@ -220,7 +289,13 @@ class TwilioSms:
             return None
         if response.status_code >= 400:
             raise TwilioUnavailable(f"Twilio answered {response.status_code}")
-        return _json(response)
+        found = _json(response)
+        if found is None:
+            # Not a resource (an HTML error page, an array): no answer.
+            raise TwilioUnavailable(
+                f"Twilio's answer could not be read (it answered {response.status_code})"
+            )
+        return found
 
 
 @asynccontextmanager

@@ -6,7 +6,10 @@ contact has the number yet), and marks every contact of the team with that
 number ``opted_out`` with source ``keyword``. A number suppressed already
 (by hand, say) keeps its suppression, which records the STOP
 (``sms_opted_out_at``): lifting it is refused while the STOP stands, so
-the number is never texted again without a START. Opting back in (START)
+the number is never texted again without a START. A phone suppressed
+through the API with the reason ``sms_opt_out`` (an opt-out list brought
+from elsewhere) is a STOP too, and does the same to the team's contacts
+(``tidings.storage.suppressions``). Opting back in (START)
 lifts the ``sms_opt_out`` suppression, clears the STOP of any other (a
 manual suppression stays), and marks the contacts ``opted_in``. Sending to
 an opted-out number is refused (``tidings.storage.sms``).
@@ -103,12 +106,19 @@ class ConsentChange:
     contacts: int
 
 
+async def hold_consent_lock(conn: Connection, team_ids: Sequence[UUID]) -> None:
+    """In a transaction: hold the teams' consent locks alone until it ends,
+    as a keyword does. Contact writes in flight are waited for, and the next
+    statement sees them."""
+    await conn.execute(HOLD_TEAMS, list(team_ids))
+
+
 async def opt_out(
     conn: Connection, team_ids: Sequence[UUID], phone: str, source_message_id: UUID | None
 ) -> ConsentChange:
     """The teams must not text ``phone`` (E.164) any more."""
     async with conn.transaction():
-        await conn.execute(HOLD_TEAMS, list(team_ids))
+        await hold_consent_lock(conn, team_ids)
         row = returned(
             await conn.fetchrow(OPT_OUT, list(team_ids), phone, source_message_id, SOURCE)
         )
@@ -118,7 +128,7 @@ async def opt_out(
 async def opt_in(conn: Connection, team_ids: Sequence[UUID], phone: str) -> ConsentChange:
     """``phone`` asked the teams to text it again."""
     async with conn.transaction():
-        await conn.execute(HOLD_TEAMS, list(team_ids))
+        await hold_consent_lock(conn, team_ids)
         row = returned(await conn.fetchrow(OPT_IN, list(team_ids), phone, SOURCE))
     return ConsentChange(row["suppressions"], row["contacts"])
 

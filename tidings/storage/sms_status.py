@@ -73,22 +73,30 @@ APPLY = """
 UPDATE sms_messages t SET
     status = u.status,
     message_id = coalesce(u.message_id, t.message_id),
-    failure_code = coalesce(u.failure_code, t.failure_code),
-    failure_message = coalesce(u.failure_message, t.failure_message),
+    failure_code = CASE WHEN u.moved THEN u.failure_code ELSE t.failure_code END,
+    failure_message = CASE WHEN u.moved THEN u.failure_message ELSE t.failure_message END,
     submitted_at = coalesce(t.submitted_at, u.submitted_at),
     delivered_at = coalesce(t.delivered_at, u.delivered_at),
     next_attempt_at = CASE WHEN u.final THEN NULL ELSE t.next_attempt_at END,
     -- Never before a time the move itself records.
     updated_at = greatest(now(), u.submitted_at, u.delivered_at)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
-            $7::timestamptz[], $8::bool[])
+            $7::timestamptz[], $8::bool[], $9::bool[])
      AS u(id, status, message_id, failure_code, failure_message, submitted_at, delivered_at,
-          final)
+          final, moved)
 WHERE t.id = u.id
 """
 
-# What a provider reports for a cancel it does not explain.
-PROVIDER_CANCELED = ("canceled", "canceled by the provider")
+# The failure of a report that gives no code or no message (a Twilio
+# callback ``MessageStatus=failed`` without ``ErrorCode``, a cancel without
+# a word): a failure always says what happened and who said so.
+UNEXPLAINED: dict[str, tuple[str, str]] = {
+    "canceled": ("canceled", "canceled by the provider"),
+    "failed": ("failed", "reported failed by the provider"),
+    "undelivered": ("undelivered", "reported undelivered by the provider"),
+    "expired": ("expired", "reported expired by the provider"),
+    "rejected": ("rejected", "reported rejected by the provider"),
+}
 
 SMS_OF_PROVIDER_ID = "SELECT id FROM sms_messages WHERE message_id = $1"
 
@@ -216,17 +224,19 @@ def _apply(moving: _Moving, report: Report, at: datetime) -> None:
         log.info("sms %s: ignored %s after %s", report.sms_id, report.status, moving.status)
         return
     code, message = report.code, report.message
-    if report.status == "canceled":
-        # A provider may cancel without a word; the failure still says who did.
-        code, message = code or PROVIDER_CANCELED[0], message or PROVIDER_CANCELED[1]
+    if report.status in UNEXPLAINED:
+        default = UNEXPLAINED[report.status]
+        code, message = code or default[0], message or default[1]
     moving.status = report.status
     moving.reached = furthest([report.status, moving.reached or report.status])
     if report.status in ("submitted", "sent") and moving.submitted_at is None:
         moving.submitted_at = at
     if report.status == "delivered":
         moving.delivered_at = at
-    if report.status in FINAL and report.status != "delivered":
-        moving.failure = (code, message)
+    # The failure is the last move's: a final one's, or why the message is
+    # ``unknown`` (an answer that could not be read), until it moves on.
+    failing = report.status == "unknown" or report.status in UNEXPLAINED
+    moving.failure = (code, message) if failing else (None, None)
     data = event_data(
         row["id"], row["from_sender"], row["to_number"], row["segments"], report.status,
         provider_message_id=moving.message_id or row["message_id"], code=code, message=message,
@@ -273,6 +283,7 @@ async def _record(conn: Connection, reports: Sequence[Report]) -> list[Change]:
             [m.submitted_at for m in touched],
             [m.delivered_at for m in touched],
             [m.status in FINAL for m in touched],
+            [bool(m.changes) for m in touched],
         )
     changes = [c for m in touched for c in m.changes]
     if changes:

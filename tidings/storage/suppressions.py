@@ -15,8 +15,9 @@ from datetime import datetime
 from typing import Literal
 from uuid import UUID
 
-from tidings.storage.connection import Connection, returned
+from tidings.storage.connection import Connection, Row, returned
 from tidings.storage.errors import unique
+from tidings.storage.sms_consent import SOURCE, hold_consent_lock
 
 Reason = Literal["bounce", "complaint", "unsubscribe", "manual", "sms_opt_out"]
 REASONS: tuple[str, ...] = ("bounce", "complaint", "unsubscribe", "manual", "sms_opt_out")
@@ -26,12 +27,25 @@ COLUMNS = "id, team_id, address, kind, reason, source_message_id, created_at, sm
 
 # A phone suppressed for the reason ``sms_opt_out`` records a STOP, as the
 # number's own reply does (an opt-out list brought from elsewhere): only a
-# START from the number lifts it.
+# START from the number lifts it, and the team's contacts with the number
+# are opted out as by the reply (``tidings.storage.sms_consent``): source
+# ``keyword``, stamped when the STOP was recorded, as a contact given the
+# number later is.
 INSERT_SUPPRESSION = f"""
-INSERT INTO suppressions (team_id, address, kind, reason, source_message_id, sms_opted_out_at)
-VALUES ($1, CASE WHEN $3::text = 'email' THEN lower($2) ELSE $2 END, $3, $4, $5,
-        CASE WHEN $3::text = 'phone' AND $4::text = 'sms_opt_out' THEN now() END)
-RETURNING {COLUMNS}
+WITH inserted AS (
+    INSERT INTO suppressions
+        (team_id, address, kind, reason, source_message_id, sms_opted_out_at)
+    VALUES ($1, CASE WHEN $3::text = 'email' THEN lower($2) ELSE $2 END, $3, $4, $5,
+            CASE WHEN $3::text = 'phone' AND $4::text = 'sms_opt_out' THEN now() END)
+    RETURNING {COLUMNS}
+), stopped AS (
+    UPDATE contacts c SET sms_consent_status = 'opted_out', sms_consent_source = $6,
+                          sms_consent_updated_at = i.sms_opted_out_at, updated_at = now()
+    FROM inserted i
+    WHERE i.sms_opted_out_at IS NOT NULL AND c.team_id = i.team_id
+      AND c.normalized_phone = i.address AND c.sms_consent_status <> 'opted_out'
+)
+SELECT {COLUMNS} FROM inserted
 """
 
 SELECT_SUPPRESSION = f"SELECT {COLUMNS} FROM suppressions WHERE team_id = $1 AND id = $2"
@@ -95,11 +109,21 @@ async def create_suppression(
     reason: Reason,
     source_message_id: UUID | None,
 ) -> Suppression:
-    """Suppress a normalised address. Raises Duplicate if the team suppresses it already."""
+    """Suppress a normalised address. Raises Duplicate if the team suppresses it already.
+
+    A phone suppressed with the reason ``sms_opt_out`` is a STOP: it holds
+    the team's consent lock alone, as a keyword does, so that a contact
+    write in flight that gives the number is waited for and opted out too,
+    and one that comes after finds the STOP."""
+    args = (team_id, address, kind, reason, source_message_id, SOURCE)
+    row: Row | None
     with unique("address", f"{address!r} is suppressed already"):
-        row = await conn.fetchrow(
-            INSERT_SUPPRESSION, team_id, address, kind, reason, source_message_id
-        )
+        if kind == "phone" and reason == "sms_opt_out":
+            async with conn.transaction():
+                await hold_consent_lock(conn, [team_id])
+                row = await conn.fetchrow(INSERT_SUPPRESSION, *args)
+        else:
+            row = await conn.fetchrow(INSERT_SUPPRESSION, *args)
     return Suppression(**dict(returned(row)))
 
 
