@@ -209,9 +209,14 @@ async def record_due_followups(conn: Connection, limit: int) -> tuple[int, float
             for row in rows if row["kind"] == "status"
         ]
         await record_reports(conn, reports)
-        for row in rows:
-            if row["kind"] != "inbound":
-                continue
+        # Every team's consent lock at once, in the one order keywords use:
+        # taken row by row, two processes' batches could each hold a lock
+        # the other waits for.
+        keywords = [row for row in rows if row["kind"] == "inbound"
+                    and keyword_action(row["body"] or "") in ("opt_out", "opt_in")]
+        if keywords:
+            await sms_consent.hold_consent_lock(conn, sorted({row["team_id"] for row in keywords}))
+        for row in keywords:
             action = keyword_action(row["body"] or "")
             if action == "opt_out":
                 await sms_consent.opt_out(conn, [row["team_id"]], row["to_number"], row["sms_id"])
