@@ -167,3 +167,18 @@ async def test_opted_in_meeting_a_phone_change_in_flight_is_refused(
     )
     assert "replied STOP" in assert_error(answer, 409, "CONFLICT")
     assert await consent(client, contact["id"]) == ("opted_out", "keyword")
+
+
+async def test_an_import_row_opting_in_a_number_stopping_meanwhile_is_refused(
+    client: httpx.AsyncClient, acme: Credential, database_url: str
+) -> None:
+    """The import holds the consent lock a contact write holds: the STOP in
+    flight is waited for, and the row that opts its number in is refused."""
+    rows = [{"email": "stopping@example.com", "phone": NUMBER, "sms_consent_status": "opted_in"},
+            {"email": "other@example.com", "phone": OTHER, "sms_consent_status": "opted_in"}]
+    answer = await meanwhile(database_url, stop(acme.team_id), lambda: client.post(
+        "/contacts/import", json={"contacts": rows}))
+    result = ok(answer)
+    listed = ok(await client.get("/contacts"))["data"]
+    assert {c["phone"]: c["sms_consent_status"] for c in listed}.get(NUMBER) != "opted_in", result
+    assert {c["phone"] for c in listed} == {OTHER}, result

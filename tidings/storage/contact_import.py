@@ -14,6 +14,7 @@ from uuid import UUID
 
 from tidings.storage.connection import Connection, returned
 from tidings.storage.contact_properties import PropertyType
+from tidings.storage.sms_consent import share_consent_lock
 
 # The bulk import, one pass: rows whose email the team has are updated, the
 # others inserted, all of them added to segment $13 (when not NULL). A row
@@ -223,6 +224,12 @@ async def import_contacts(
     # would soon get a generic plan, made for arrays of unknown length and
     # badly wrong for 50,000 rows. (plan_cache_mode would do it too, but it
     # would also replan each of the foreign key checks, one per row.)
+    if any(r.normalized_phone for r in rows):
+        # As a contact write does: a STOP in flight for one of the numbers is
+        # waited for, and the statement below (its snapshot taken after)
+        # sees it. Held until the import's transaction ends: a STOP for the
+        # team waits for the import.
+        await share_consent_lock(conn, team_id)
     statement = await conn.prepare(IMPORT_CONTACTS)
     for _ in range(IMPORT_PASSES):
         if not pending:
