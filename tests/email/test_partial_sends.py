@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import httpx
 import pytest
@@ -33,6 +33,7 @@ from tests.email.test_processes import serving, setup_team
 from tidings.app import serve_http
 from tidings.permissions import ALL_PERMISSIONS
 from tidings.service import Service, open_service
+from tidings.storage import emails_sending as sending
 from tidings.storage import tokens as token_store
 from tidings.storage.emails import NewEmail, accept_emails
 from tidings.storage.emails_manage import NotScheduled, cancel, reschedule
@@ -265,8 +266,32 @@ async def test_a_send_cut_short_is_not_sent_again_to_recipients_already_done(
     recorded, and the next attempt goes to the others alone."""
     email_id = await cut_short(database_url, sink, port, scheduled=False)
     assert await status(database_url, email_id) == "sent"  # ada's, recorded
+    async with triopg.connect(database_url) as conn:
+        # Cut short, the attempt used no step of the retry schedule.
+        assert await conn.fetchval(
+            "SELECT attempt_count FROM emails WHERE id = $1", UUID(email_id)) == 0
     sink.hold = False
     async with api(database_url, port):
         await until(lambda: sink.received("cy@example.com") == 1)
         await until(lambda: sink.received("slow@example.com") == 1)
     assert sink.received("ada@example.com") == 1
+
+
+async def test_an_email_given_back_mid_send_stays_refused_whoever_takes_it_next(
+    database_url: str,
+) -> None:
+    """An attempt cut short hands its email back unrecorded (a recipient may
+    have it); a later claim handed back before its own attempt began does
+    not make the email cancelable again."""
+    async with triopg.connect(database_url) as conn:
+        team_id = await setup_team(conn)
+        email = _scheduled(team_id)
+        await accept_emails(conn, team_id, [email])
+        # Its time has come.
+        await conn.execute("UPDATE emails SET next_attempt_at = now() WHERE id = $1", email.id)
+        first, second = uuid4(), uuid4()
+        [taken], _ = await sending.claim(conn, team_id, first, 30, 10)
+        await sending.give_back(conn, [taken.id], first)  # its attempt had begun
+        [again], _ = await sending.claim(conn, team_id, second, 30, 10)
+        await sending.release(conn, [again.id], second)  # before its attempt began
+    await refused(database_url, email.id, "being sent")

@@ -55,6 +55,8 @@ class Underway:
     clock: Clock = field(default_factory=Clock)
     data: dict[str, Any] = field(default_factory=dict)
     recipients: tuple[str, ...] = ()
+    # The attempt ran to its end: only its recording can have failed.
+    finished: bool = False
 
 
 
@@ -131,7 +133,9 @@ class SendJob:
             self._skipped.add(item.id)
             return store.Attempted(item, None, None, None, None, self._emails.provider.name, [])
         underway = self._begun[item.id] = Underway()
-        return await self._emails.attempt(item, domain_id, underway)
+        attempted = await self._emails.attempt(item, domain_id, underway)
+        underway.finished = True
+        return attempted
 
     async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
         emails = self._emails
@@ -150,9 +154,11 @@ class SendJob:
         try:
             # What the provider finished with before the attempt was cut
             # short is recorded; the rest is tried again at once.
+            # (Not an attempt that ran to its end and whose recording failed:
+            # recorded now, a final deferral would be retried instead.)
             partial = [
-                attempted for item in begun
-                if (attempted := emails.cut_short(item, self._begun[item.id])) is not None
+                attempted for item in begun if not self._begun[item.id].finished
+                and (attempted := emails.cut_short(item, self._begun[item.id])) is not None
             ]
             recorded: set[UUID] = set()
             if partial:

@@ -140,7 +140,9 @@ class Emails:
         """What to record of an attempt cut short after the provider had
         finished with some recipients (None: it had finished with none). The
         others are tried again at once, the finished ones never: sending them
-        the message again is what recording this avoids."""
+        the message again is what recording this avoids. Such an attempt
+        uses no step of the retry schedule; one cut short after every
+        recipient's transaction ended is recorded as it would have been."""
         progress = underway.progress
         done = progress.done()
         if not done:
@@ -152,7 +154,7 @@ class Emails:
         result = EmailResult(self.provider.name, progress.provider_message_id,
                              tuple(progress.outcomes), tuple(progress.deferred) + rest)
         return self._finish(email, result, list(underway.changes), underway.clock,
-                            underway.data, final=False, at_once=True)
+                            underway.data, final=False, at_once=bool(rest))
 
     async def _send(
         self, email: store.Claimed, domain: SendingDomain, recipients: tuple[str, ...],
@@ -205,7 +207,7 @@ class Emails:
             for o in result.later()
         ]
         retry_at = None if final else self.retry_at(email.attempt_count + 1, now)
-        if at_once:
+        if at_once:  # an attempt cut short: the rest at once, and not counted
             retry_at = now
         deferred = [d.recipient for d in result.deferred]
         error = "; ".join(sorted({d.message for d in result.deferred})) or None
@@ -230,6 +232,7 @@ class Emails:
             send_to=deferred,
             changes=changes,
             followups=followups,
+            counted=not at_once,
         )
 
 

@@ -48,13 +48,15 @@ LEFT JOIN LATERAL (
 WHERE e.team_id = $1 AND e.id = $2
 """
 
-# Only a scheduled email that no process has taken up to send. A lease that
-# ran out without its attempt recorded (the process died) or an attempt cut
-# short (tidings.storage.emails_sending.give_back) keeps ``lease_owner``: that
-# attempt may have reached some recipients, so the email is no longer
-# scheduled, whatever its status says until the next attempt records it.
+# Only a scheduled email that no process has taken up to send, and whose
+# earlier attempt (if any) was not given back unrecorded. A lease that ran
+# out without its attempt recorded (the process died) keeps ``lease_owner``;
+# an attempt cut short (tidings.storage.emails_sending.give_back) marks
+# ``attempt_begun``: either may have reached some recipients, so the email
+# is no longer scheduled, whatever its status says until the next attempt
+# records it.
 STILL_SCHEDULED = """
-status = 'scheduled' AND lease_owner IS NULL
+status = 'scheduled' AND lease_owner IS NULL AND NOT attempt_begun
 """
 
 RESCHEDULE = f"""

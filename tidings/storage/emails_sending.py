@@ -65,7 +65,7 @@ UPDATE emails t SET
     status = coalesce(r.status, t.status),
     status_at = CASE WHEN r.status IS NULL THEN t.status_at ELSE r.status_at END,
     next_attempt_at = r.next_at,
-    attempt_count = t.attempt_count + 1,
+    attempt_count = t.attempt_count + CASE WHEN r.counted THEN 1 ELSE 0 END,
     last_error = r.error,
     provider = r.provider,
     send_to = ARRAY(SELECT jsonb_array_elements_text(r.send_to)),
@@ -73,18 +73,19 @@ UPDATE emails t SET
     leased_until = NULL,
     updated_at = greatest(now(), r.status_at)
 FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::timestamptz[], $6::text[],
-            $7::text[], $8::jsonb[])
-     AS r(id, status, status_at, next_at, error, provider, send_to)
+            $7::text[], $8::jsonb[], $9::boolean[])
+     AS r(id, status, status_at, next_at, error, provider, send_to, counted)
 WHERE t.id = r.id AND t.lease_owner = $1
 RETURNING t.id
 """
 
 # Emails whose attempt began and was not recorded (cut short, or its
-# recording failed), handed back to be tried again at once: the lease runs
-# out now but keeps its owner, which tells cancel and PATCH that an attempt
-# may have reached some recipients (tidings.storage.emails_manage).
+# recording failed), handed back to be tried again at once: marked as begun,
+# which tells cancel and PATCH that an attempt may have reached some
+# recipients (tidings.storage.emails_manage), whoever takes it up next.
 GIVE_BACK = """
-UPDATE emails SET leased_until = now() WHERE id = ANY($1) AND lease_owner = $2
+UPDATE emails SET leased_until = now(), attempt_begun = true
+WHERE id = ANY($1) AND lease_owner = $2
 """
 
 INSERT_FOLLOWUPS = """
@@ -177,6 +178,8 @@ class Attempted:
     send_to: list[str]
     changes: list[Change] = field(default_factory=list)
     followups: list[Followup] = field(default_factory=list)
+    # False: an attempt cut short, which uses no step of the retry schedule.
+    counted: bool = True
 
 
 async def due_teams(conn: Connection, limit: int) -> list[UUID]:
@@ -232,6 +235,7 @@ async def record_attempts(
             [a.error for a in done],
             [a.provider for a in done],
             [json.dumps(a.send_to) for a in done],
+            [a.counted for a in done],
         )
         held = {row["id"] for row in rows}
         kept = [a for a in done if a.email.id in held]
