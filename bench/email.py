@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import os
 import secrets
+import shutil
 import signal
 import smtplib
 import subprocess
@@ -137,8 +138,10 @@ class Sink:
             raise HarnessError(f"the sink got {self.count()} of {total} messages in {within:.0f}s")
 
     def stop(self) -> None:
+        """Stop the sink and remove the directory its arrivals were kept in."""
         self.process.terminate()
         self.process.wait(10)
+        shutil.rmtree(self.path.parent, ignore_errors=True)
 
 
 def _children() -> dict[int, list[int]]:
