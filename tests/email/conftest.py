@@ -1,14 +1,19 @@
-"""Email test fixtures: a verified sending domain for team acme."""
+"""Email test fixtures: a verified sending domain for team acme, an SMTP
+sink on loopback (``sink``, ``port``: a module overrides ``sink`` for one
+that answers otherwise) and a name server on loopback (``zone``)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from uuid import UUID
 
 import httpx
 import pytest
 
 from tests.conftest import Credential
+from tests.email.dns_server import Zone, serve_dns
 from tests.email.helpers import ok
+from tests.email.smtp_sink import Sink, running_sink
 from tidings.config import Config, parse_smtp_url
 from tidings.service import Service
 from tidings.storage import domains as domain_store
@@ -49,3 +54,21 @@ def smtp_config(database_url: str, port: int) -> Config:
         smtp_url=parse_smtp_url(f"smtp://127.0.0.1:{port}?starttls=off"),
         email_retry_schedule=(0.2, 0.2),
     )
+
+
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+@pytest.fixture
+def port(sink: Sink) -> Iterator[int]:
+    with running_sink(sink) as port:
+        yield port
+
+
+@pytest.fixture
+async def zone() -> AsyncIterator[tuple[Zone, tuple[str, int]]]:
+    found = Zone()
+    async with serve_dns(found) as address:
+        yield found, address

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import email
 import email.policy
-from collections.abc import Iterator
 from email.message import EmailMessage
 from typing import Any
 
@@ -17,7 +16,7 @@ import trio
 
 from tests.email.conftest import smtp_config
 from tests.email.helpers import ok, send
-from tests.email.smtp_sink import Sink, running_sink
+from tests.email.smtp_sink import Sink
 from tidings.config import Config
 
 # (as given in the request, as the API shows it, the display name a client reads)
@@ -32,17 +31,6 @@ NAMES = [
      '"=?utf-8?q?x=0D=0AEvil:_1?=" <e@dest.example>', "=?utf-8?q?x=0D=0AEvil:_1?="),
 ]
 TRICKY = "=?utf-8?q?x=0D=0AEvil:_1?="
-
-
-@pytest.fixture
-def sink() -> Sink:
-    return Sink()
-
-
-@pytest.fixture
-def port(sink: Sink) -> Iterator[int]:
-    with running_sink(sink) as port:
-        yield port
 
 
 @pytest.fixture

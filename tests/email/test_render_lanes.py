@@ -3,7 +3,6 @@ a large html document takes seconds, and the emails behind it must not wait."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from uuid import uuid4
 
 import httpx
@@ -12,21 +11,10 @@ import trio
 
 from tests.email.conftest import smtp_config
 from tests.email.helpers import send
-from tests.email.smtp_sink import Sink, running_sink
+from tests.email.smtp_sink import Sink
 from tidings.config import Config
 from tidings.providers.email import OutgoingEmail
 from tidings.providers.smtp import LARGE_BYTES, Renderer
-
-
-@pytest.fixture
-def sink() -> Sink:
-    return Sink()
-
-
-@pytest.fixture
-def port(sink: Sink) -> Iterator[int]:
-    with running_sink(sink) as port:
-        yield port
 
 
 @pytest.fixture

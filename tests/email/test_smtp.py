@@ -8,7 +8,6 @@ import email
 import email.policy
 import ssl
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +46,6 @@ def outgoing(*recipients: str, **changes: Any) -> OutgoingEmail:
 def dns(name: bytes, timeout: int = 5) -> bytes:
     assert name == b"tidings1._domainkey.acme.example."
     return DKIM_RECORD
-
-
-@pytest.fixture
-def sink() -> Sink:
-    return Sink()
-
-
-@pytest.fixture
-def port(sink: Sink) -> Iterator[int]:
-    with running_sink(sink) as port:
-        yield port
 
 
 def url(port: int, starttls: str = "off", **more: Any) -> SmtpUrl:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import email
 import email.policy
-from collections.abc import Iterator
 from typing import Any
 
 import dkim
@@ -16,21 +15,10 @@ import trio
 
 from tests.email.conftest import smtp_config
 from tests.email.helpers import events, ok, send
-from tests.email.smtp_sink import Sink, running_sink
+from tests.email.smtp_sink import Sink
 from tidings.config import Config
 from tidings.email.bounce_addresses import parse_bounce_address
 from tidings.service import Service
-
-
-@pytest.fixture
-def sink() -> Sink:
-    return Sink()
-
-
-@pytest.fixture
-def port(sink: Sink) -> Iterator[int]:
-    with running_sink(sink) as port:
-        yield port
 
 
 @pytest.fixture

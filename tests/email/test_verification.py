@@ -3,7 +3,6 @@ and the periodic re-verification that notices a record disappearing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -11,20 +10,13 @@ import pytest
 import trio
 
 from tests.conftest import assert_error
-from tests.email.dns_server import Zone, serve_dns
+from tests.email.dns_server import Zone
 from tests.http.audience import ok
 from tidings.config import Config, SmtpUrl
 from tidings.email.dns import Resolver, check
 from tidings.email.records import Record
 from tidings.email.verification import recheck_due
 from tidings.service import Service
-
-
-@pytest.fixture
-async def zone() -> AsyncIterator[tuple[Zone, tuple[str, int]]]:
-    found = Zone()
-    async with serve_dns(found) as address:
-        yield found, address
 
 
 @pytest.fixture

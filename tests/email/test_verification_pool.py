@@ -4,25 +4,17 @@ verifications, the team's other requests are answered before they end."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
-from tests.email.dns_server import Zone, serve_dns
+from tests.email.dns_server import Zone
 from tests.http.audience import ok
 from tidings.config import Config, SmtpUrl
 
 POOL = 2  # TIDINGS_DB_POOL_SIZE: the smallest allowed; two verifications at once per team
-
-
-@pytest.fixture
-async def zone() -> AsyncIterator[tuple[Zone, tuple[str, int]]]:
-    found = Zone()
-    async with serve_dns(found) as address:
-        yield found, address
 
 
 @pytest.fixture

@@ -4,24 +4,16 @@ whose mechanisms fail the mail host before our ``a:<mail host>`` is reached."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.email.dns_server import Zone, serve_dns
+from tests.email.dns_server import Zone
 from tests.http.audience import ok
 from tidings.config import Config, SmtpUrl
 from tidings.email.dns import TIMEOUT_SECONDS, LookupFailed, Resolver, check
 from tidings.email.records import Record
-
-
-@pytest.fixture
-async def zone() -> AsyncIterator[tuple[Zone, tuple[str, int]]]:
-    found = Zone()
-    async with serve_dns(found) as address:
-        yield found, address
 
 
 @pytest.fixture
