@@ -26,7 +26,8 @@ from tests.test_cli import (
     tidings,
     tidings_in_process,
 )
-from tidings.config import Config, SettingError
+from tidings.config import SMS_LEASE_MINIMUM_SECONDS, Config, SettingError
+from tidings.providers import twilio
 
 UNREACHABLE = "postgresql://127.0.0.1:1/tidings"
 PASSWORD = "S3cretPassw0rd"
@@ -246,3 +247,14 @@ async def test_quotas_of_an_unknown_team_is_one_line(database_url: str, tmp_path
         ))
         line = assert_one_line_failure(done)
         assert line == "tidings: no team 'nosuch'", done.stderr
+
+
+def test_an_sms_lease_outlasts_the_providers_longest_answer() -> None:
+    """An SMS's lease is not renewed while its send waits on Twilio: shorter
+    than Twilio's timeout, it could run out first and the message be sent
+    again by another process."""
+    assert SMS_LEASE_MINIMUM_SECONDS > twilio.TIMEOUT_SECONDS
+    with pytest.raises(SettingError) as refused:
+        Config.from_env({"TIDINGS_SMS_LEASE_SECONDS": "10"})
+    assert str(refused.value).startswith("TIDINGS_SMS_LEASE_SECONDS must "), str(refused.value)
+    assert Config.from_env({"TIDINGS_SMS_LEASE_SECONDS": "20"}).sms_lease_seconds == 20

@@ -43,6 +43,13 @@ DEFAULT_SMS_HELP_TEXT = (
 SMS_PROVIDERS = ("sandbox", "twilio")
 
 
+# An SMS's lease is not renewed while its send waits on the provider, so it
+# must outlast the provider's longest answer (Twilio's client gives up after
+# 15 s, tidings.providers.twilio.TIMEOUT_SECONDS): a lease that ran out first
+# would let another process send the message again.
+SMS_LEASE_MINIMUM_SECONDS = 20.0
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything the service reads from its environment."""
@@ -210,7 +217,8 @@ class Config:
                 env, "TIDINGS_SMS_RETRY_SCHEDULE", (5, 30, 120, 600, 1800)
             ),
             sms_concurrency=_int(env, "TIDINGS_SMS_CONCURRENCY", 16, minimum=1),
-            sms_lease_seconds=_float(env, "TIDINGS_SMS_LEASE_SECONDS", 60.0, minimum=1),
+            sms_lease_seconds=_float(env, "TIDINGS_SMS_LEASE_SECONDS", 60.0,
+                                     minimum=SMS_LEASE_MINIMUM_SECONDS),
             sms_poll_seconds=_float(env, "TIDINGS_SMS_POLL_SECONDS", 1.0, minimum=0.05),
             sms_help_text=(env.get("TIDINGS_SMS_HELP_TEXT") or "").strip() or DEFAULT_SMS_HELP_TEXT,
             quotas=QuotaDefaults.from_env(env),
