@@ -370,3 +370,20 @@ async def test_identical_reports_at_once_record_one_outcome(
     assert second == [[False]]
     assert await webhook_events(service, email_id, "complained") == 1
 
+
+
+async def test_a_failure_after_transient_errors_is_failed_not_a_bounce(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    """``Action: failed`` with a 4.x.x status (the relay gave up on a full
+    mailbox): the recipient's outcome is ``failed`` and the address, a good
+    one, is not suppressed."""
+    email_id, message_id = await delivered_email(client, service, "gone@example.org")
+    raw = (await report(service, "postfix_bounce.eml", message_id)).replace(
+        b"Status: 5.1.1", b"Status: 4.2.2")
+    answer = ok(await post_report(http, raw))
+    assert [(r["recipient"], r["outcome"], r["code"]) for r in answer["reports"]][0] == (
+        "gone@example.org", "failed", "4.2.2")
+    found = [e for e in await events(client, email_id) if e["recipient"] == "gone@example.org"]
+    assert "failed" in [e["type"] for e in found] and "bounced" not in [e["type"] for e in found]
+    assert await suppressions(client) == {}

@@ -24,7 +24,7 @@ from typing import Literal
 
 from tidings.email.bounce_addresses import BounceAddress, parse_bounce_address
 
-Outcome = Literal["bounced", "delivery_delayed", "delivered", "complained"]
+Outcome = Literal["bounced", "delivery_delayed", "delivered", "complained", "failed"]
 
 # The DSN Action of a recipient, and what it means for the email.
 ACTIONS: dict[str, Outcome] = {
@@ -205,11 +205,16 @@ def _dsn(report: Message) -> list[Report]:
         outcome = ACTIONS.get(action)
         if recipient is None or outcome is None:
             continue
+        status = _text(block.get("Status"))
+        if outcome == "bounced" and (status or "").strip().startswith("4."):
+            # Given up on after transient failures (a full mailbox, 4.2.2): not
+            # delivered, but the address is good. ``failed``, not suppressed.
+            outcome = "failed"
         found.append(Report(
             outcome=outcome,
             recipient=recipient,
             original_message_id=original,
-            code=_text(block.get("Status")),
+            code=status,
             message=_shortened(_text(block.get("Diagnostic-Code"))),
         ))
     return found
