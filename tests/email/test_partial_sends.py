@@ -295,3 +295,39 @@ async def test_an_email_given_back_mid_send_stays_refused_whoever_takes_it_next(
         [again], _ = await sending.claim(conn, team_id, second, 30, 10)
         await sending.release(conn, [again.id], second)  # before its attempt began
     await refused(database_url, email.id, "being sent")
+
+
+async def test_an_attempt_whose_recording_a_shutdown_cut_short_is_recorded_as_it_was(
+    database_url: str, sink: HeldSink, port: int
+) -> None:
+    """Every recipient had the message; the shutdown's grace ran out while
+    its recording waited (here on a lock): the attempt is recorded as it
+    was as the worker stops, and the next process sends nobody anything."""
+    release = trio.Event()
+
+    async def hold_events(*, task_status: Any) -> None:
+        async with triopg.connect(database_url) as conn, conn.transaction():
+            await conn.execute("LOCK TABLE email_events IN SHARE MODE")  # recording waits
+            task_status.started()
+            await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        async with api(database_url, port) as (service, base_url):
+            credential = await acme(service, base_url)
+            async with httpx.AsyncClient(base_url=base_url, headers=credential.headers) as client:
+                body = {"from": SENDER, "to": RECIPIENTS, "subject": "Hi", "text": "Hi"}
+                email_id: str = ok(await client.post("/emails", json=body), 202)["id"]
+            await until(lambda: sink.waiting)
+            await nursery.start(hold_events)
+            sink.hold = False
+            await until(lambda: sink.received("cy@example.com") == 1)
+
+            async def let_go() -> None:
+                await trio.sleep(2.5)  # past the 2 s grace, within the 2 s to hand back
+                release.set()
+
+            nursery.start_soon(let_go)
+    assert await status(database_url, email_id) == "sent"
+    async with api(database_url, port):
+        await trio.sleep(1.5)  # a process that would send it again has had the time
+    assert [sink.received(r) for r in RECIPIENTS] == [1, 1, 1]

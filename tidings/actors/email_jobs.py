@@ -92,6 +92,8 @@ class SendJob:
         # Held emails whose attempt began, as it goes; those skipped because
         # their lease was lost.
         self._begun: dict[UUID, Underway] = {}
+        # What attempts that ran to their end are to record, until they are.
+        self._finished: dict[UUID, store.Attempted] = {}
         self._skipped: set[UUID] = set()
         # Of each claimed email, its verified domain's id as the claim found it.
         self._domain_ids: dict[UUID, UUID | None] = {}
@@ -140,6 +142,7 @@ class SendJob:
     async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
         emails = self._emails
         attempted = [outcome for item, outcome in done if item.id not in self._skipped]
+        self._finished.update((a.email.id, a) for a in attempted)
         skipped = [item.id for item, _outcome in done if item.id in self._skipped]
         # Not recorded, the batch is handed back (``release``), which forgets it.
         await emails.db.run(store.record_attempts, emails.owner, attempted, skipped)
@@ -154,11 +157,14 @@ class SendJob:
         try:
             # What the provider finished with before the attempt was cut
             # short is recorded; the rest is tried again at once.
-            # (Not an attempt that ran to its end and whose recording failed:
-            # recorded now, a final deferral would be retried instead.)
+            # An attempt that ran to its end and whose recording was cut short
+            # (a shutdown) is recorded as it was; one cut short, as far as it got.
             partial = [
-                attempted for item in begun if not self._begun[item.id].finished
-                and (attempted := emails.cut_short(item, self._begun[item.id])) is not None
+                attempted for item in begun
+                if (attempted := self._finished.get(item.id) or (
+                    None if self._begun[item.id].finished
+                    else emails.cut_short(item, self._begun[item.id])
+                )) is not None
             ]
             recorded: set[UUID] = set()
             if partial:
@@ -181,5 +187,6 @@ class SendJob:
             for ids in (self._held, self._lost, self._skipped):
                 ids.discard(item.id)
             self._begun.pop(item.id, None)
+            self._finished.pop(item.id, None)
 
 
