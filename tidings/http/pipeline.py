@@ -305,7 +305,7 @@ async def run_on_trio(
         call = Call(service, token, NO_CONNECTION)
         result = await route.handler(call, **kwargs)
         if isinstance(result, Finish):
-            async with service.db.acquire() as conn:
+            async with service.db.transaction() as conn:  # its writes, all or none
                 result = await result.unit(conn)
         call.committed()
         return json_response(*render(route, result))
