@@ -14,7 +14,7 @@ from tests.conftest import Credential
 from tests.email.dns_server import Zone, serve_dns
 from tests.email.helpers import ok
 from tests.email.smtp_sink import Sink, running_sink
-from tidings.config import Config, parse_smtp_url
+from tidings.config import Config, SmtpUrl, parse_smtp_url
 from tidings.service import Service
 from tidings.storage import domains as domain_store
 
@@ -44,6 +44,17 @@ async def acme_domain(service: Service, base_url: str, acme: Credential) -> str:
 async def bucher_domain(service: Service, base_url: str, acme: Credential) -> str:
     """``bücher.example`` (stored as ``xn--bcher-kva.example``), verified for acme."""
     return await verified_domain(service, base_url, acme, "bücher.example")
+
+
+def dns_config(database_url: str, nameserver: tuple[str, int], pool: int = 4) -> Config:
+    """The SMTP provider verifying domains against a name server on loopback;
+    nothing is sent (the relay is never reached)."""
+    return Config(
+        database_url=database_url, db_pool_size=pool, rate_limit_per_second=0,
+        shutdown_grace_seconds=2, email_provider="smtp", dns_nameservers=(nameserver,),
+        mail_host="mx.tidings.example",
+        smtp_url=SmtpUrl("127.0.0.1", 9, implicit_tls=False, starttls="off"),
+    )
 
 
 def smtp_config(database_url: str, port: int) -> Config:

@@ -10,21 +10,17 @@ import httpx
 import pytest
 import trio
 
+from tests.email.conftest import dns_config
 from tests.email.dns_server import Zone
 from tests.http.audience import ok
-from tidings.config import Config, SmtpUrl
+from tidings.config import Config
 
 POOL = 2  # TIDINGS_DB_POOL_SIZE: the smallest allowed; two verifications at once per team
 
 
 @pytest.fixture
 def config(database_url: str, zone: tuple[Zone, tuple[str, int]]) -> Config:
-    return Config(
-        database_url=database_url, db_pool_size=POOL, rate_limit_per_second=0,
-        shutdown_grace_seconds=2, email_provider="smtp", dns_nameservers=(zone[1],),
-        mail_host="mx.tidings.example",
-        smtp_url=SmtpUrl("127.0.0.1", 9, implicit_tls=False, starttls="off"),
-    )
+    return dns_config(database_url, zone[1], POOL)
 
 
 async def test_verifications_waiting_on_dns_leave_the_pool_to_other_requests(

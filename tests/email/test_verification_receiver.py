@@ -9,26 +9,18 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.email.conftest import dns_config
 from tests.email.dns_server import Zone
+from tests.email.test_verification import by_purpose
 from tests.http.audience import ok
-from tidings.config import Config, SmtpUrl
+from tidings.config import Config
 from tidings.email.dns import TIMEOUT_SECONDS, LookupFailed, Resolver, check
 from tidings.email.records import Record
 
 
 @pytest.fixture
 def config(database_url: str, zone: tuple[Zone, tuple[str, int]]) -> Config:
-    return Config(
-        database_url=database_url, db_pool_size=4, rate_limit_per_second=0,
-        shutdown_grace_seconds=2, email_provider="smtp", dns_nameservers=(zone[1],),
-        mail_host="mx.tidings.example",
-        # Nothing is sent in these tests: the relay is never reached.
-        smtp_url=SmtpUrl("127.0.0.1", 9, implicit_tls=False, starttls="off"),
-    )
-
-
-def by_purpose(domain: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {record["purpose"]: record for record in domain["records"]}
+    return dns_config(database_url, zone[1])
 
 
 def publish(zone: Zone, domain: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ import trio
 
 from tests.sms.helpers import ok
 from tests.sms.test_twilio import PUBLIC, sent_through_twilio
-from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble
+from tests.sms.twilio_double import TwilioDouble, twilio_config
 from tidings.config import Config
 
 POOL = 2  # TIDINGS_DB_POOL_SIZE: the smallest allowed
@@ -27,12 +27,7 @@ async def double(nursery: trio.Nursery) -> AsyncIterator[TwilioDouble]:
 
 @pytest.fixture
 def config(database_url: str, double: TwilioDouble) -> Config:
-    return Config(
-        database_url=database_url, db_pool_size=POOL, rate_limit_per_second=0,
-        shutdown_grace_seconds=2, sms_poll_seconds=0.2, sms_provider="twilio",
-        twilio_account_sid=ACCOUNT_SID, twilio_auth_token=AUTH_TOKEN,
-        twilio_api_url=double.base, public_url=PUBLIC,
-    )
+    return twilio_config(database_url, double, PUBLIC, db_pool_size=POOL)
 
 
 async def test_syncs_waiting_on_the_provider_leave_the_pool_to_other_requests(

@@ -15,7 +15,7 @@ import trio
 
 from tests.conftest import assert_error
 from tests.sms.helpers import NUMBER, event_types, ok, send, settled
-from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble
+from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble, twilio_config
 from tidings.actors.retention import early_sms_report_sweep
 from tidings.config import Config
 from tidings.providers.twilio import signature
@@ -34,12 +34,8 @@ async def double(nursery: trio.Nursery) -> AsyncIterator[TwilioDouble]:
 
 @pytest.fixture
 def config(database_url: str, double: TwilioDouble) -> Config:
-    return Config(
-        database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
-        shutdown_grace_seconds=2, sms_poll_seconds=0.2, sms_retry_schedule=(0.1, 0.1),
-        sms_provider="twilio", twilio_account_sid=ACCOUNT_SID, twilio_auth_token=AUTH_TOKEN,
-        twilio_api_url=double.base, public_url=PUBLIC, sender_id_review_seconds=0.2,
-    )
+    return twilio_config(database_url, double, PUBLIC, sms_retry_schedule=(0.1, 0.1),
+                         sender_id_review_seconds=0.2)
 
 
 async def callback(http: httpx.AsyncClient, *, valid: bool = True, **form: str) -> httpx.Response:

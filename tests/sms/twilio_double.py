@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import trio
 
 from tests.webhooks.receiver import Answer, Received, Receiver
+from tidings.config import Config
 
 ACCOUNT_SID = "AC" + "0123456789abcdef" * 2
 AUTH_TOKEN = "double-auth-token"
@@ -140,3 +141,14 @@ class TwilioDouble:
             "code": code, "message": message, "status": status,
             "more_info": f"https://www.twilio.com/docs/errors/{code}",
         })
+
+
+def twilio_config(database_url: str, double: TwilioDouble, public_url: str,
+                  **settings: Any) -> Config:
+    """A service sending through ``double``, its callbacks signed for ``public_url``."""
+    return Config(
+        database_url=database_url, db_pool_size=settings.pop("db_pool_size", 6),
+        rate_limit_per_second=0, shutdown_grace_seconds=2, sms_poll_seconds=0.2,
+        sms_provider="twilio", twilio_account_sid=ACCOUNT_SID, twilio_auth_token=AUTH_TOKEN,
+        twilio_api_url=double.base, public_url=public_url, **settings,
+    )

@@ -256,23 +256,19 @@ async def run_idempotent(
             pass
     stored = False
     try:
+        result: Any = None
         if not route.pooled:
-            # The wait outside holds no connection; the writes and the stored
-            # response then commit together (a lost claim rolls both back).
+            # The wait outside holds no connection; the writes (a Finish) and
+            # the stored response then commit together (a lost claim rolls
+            # both back).
             call = Call(service, token, NO_CONNECTION)
             result = await route.handler(call, **kwargs)
-            async with service.db.transaction() as conn:
-                if isinstance(result, Finish):
-                    result = await result.unit(conn)
-                status, body, headers = render(route, result)
-                if 200 <= status < 300:
-                    await store_response(conn, call, route, key, claim, status, body)
-                    stored = True
-            call.committed()
-            return json_response(status, body, headers)
         async with service.db.transaction() as conn:
-            call = Call(service, token, conn)
-            result = await route.handler(call, **kwargs)
+            if route.pooled:
+                call = Call(service, token, conn)
+                result = await route.handler(call, **kwargs)
+            elif isinstance(result, Finish):
+                result = await result.unit(conn)
             status, body, headers = render(route, result)
             if 200 <= status < 300:
                 await store_response(conn, call, route, key, claim, status, body)
