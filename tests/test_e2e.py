@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -93,3 +94,23 @@ async def test_serve_on_a_fresh_data_dir(tmp_path: Path) -> None:
             again = await client.get(f"/contacts/{contact['id']}")
         assert again.status_code == 200
         assert again.json()["data"] == contact
+
+
+async def test_a_prometheus_directory_left_in_the_environment_is_not_used(
+    tmp_path: Path,
+) -> None:
+    """A single process keeps its metrics to itself: a PROMETHEUS_MULTIPROC_DIR
+    meant for another program (here one that no longer exists) neither stops it
+    from starting nor takes its counters."""
+    env = {**service_env(tmp_path / "data"), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "gone")}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    async with tidings_serve(command, env, url):
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/no-such-route")).status_code == 404
+            text = (await client.get("/metrics")).text
+    counted = re.findall(r'^tidings_http_requests_total\{[^}]*status="404"[^}]*\} (\S+)$', text,
+                         re.M)
+    assert counted == ["1.0"]
+    assert not (tmp_path / "gone").exists()

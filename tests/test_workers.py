@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,12 @@ import httpx
 import trio
 
 from tests.test_e2e import free_port, service_env, wait_healthy
-from tidings.workers import RESTARTS, port_lock
+from tidings.workers import (
+    METRICS_DIR_PREFIX,
+    RESTARTS,
+    port_lock,
+    remove_orphan_metric_dirs,
+)
 
 
 def workers_command(port: int) -> list[str]:
@@ -365,3 +371,21 @@ async def test_every_scrape_counts_the_requests_of_every_worker(tmp_path: Path) 
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(15):
             await process.wait()
+
+
+def test_metric_directories_of_sets_whose_parent_is_gone_are_removed() -> None:
+    """A parent killed with SIGKILL leaves its set's metric directory behind:
+    the next set removes it, and leaves those of live sets alone."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    base = Path(tempfile.gettempdir())
+    orphan = Path(tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{dead.pid}-", dir=base))
+    (orphan / "counter_1.db").write_bytes(b"\0" * 16)
+    live = Path(tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-", dir=base))
+    try:
+        remove_orphan_metric_dirs()
+        assert not orphan.exists()
+        assert live.is_dir()
+    finally:
+        shutil.rmtree(orphan, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)

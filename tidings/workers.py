@@ -63,6 +63,8 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 RESTARTS = 5
 RESTART_WINDOW_SECONDS = 60.0
 MAX_WORKERS = 64
+# The directory a set's workers keep their shared metrics in, then the parent's pid.
+METRICS_DIR_PREFIX = "tidings-metrics-"
 # Connections a process opens besides its two pools of TIDINGS_DB_POOL_SIZE
 # (the trio side's and the storage units', tidings.storage.db): one LISTEN
 # per due work's dispatcher (emails 2, SMS 2, webhooks 1, broadcasts 1), the
@@ -252,12 +254,28 @@ def _run(config: Config, host: str, port: int, count: int, received: list[int]) 
         env["DATABASE_URL"] = url
     env[PARENT_ENV] = str(os.getpid())
     # The workers' HTTP series, in files they share (``tidings.metrics``).
-    shared_metrics = tempfile.mkdtemp(prefix="tidings-metrics-")
+    remove_orphan_metric_dirs()
+    shared_metrics = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
     env[MULTIPROC_ENV] = shared_metrics
     try:
         return _serve(env, config, host, port, count, received)
     finally:
         shutil.rmtree(shared_metrics, ignore_errors=True)
+
+
+def remove_orphan_metric_dirs() -> None:
+    """Remove the metric directories of sets whose parent is gone (a parent
+    killed with SIGKILL cannot remove its own); those of live sets stay."""
+    for path in Path(tempfile.gettempdir()).glob(f"{METRICS_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(METRICS_DIR_PREFIX).split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.lstat().st_uid != os.getuid() or not path.is_dir():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # gone meanwhile, or a live process of another user
+            continue
 
 
 def _serve(
