@@ -226,3 +226,25 @@ def test_the_check_refuses_what_the_document_does_not_say() -> None:
     listed = b'{"success":true,"data":{"object":"list","data":[{"id":1}],"has_more":false}}'
     with pytest.raises(NotInTheDocument, match="does not match"):
         check_response("GET", "/contacts", _response(200, listed))
+
+
+# The operations the spec's route table shows, with its path parameter names
+# (messaging-service-api.md): generated clients name their arguments after them.
+SPEC_OPERATIONS = [
+    ("post", "/broadcasts/{broadcast}/cancel"),
+    ("post", "/broadcasts/{broadcast}/send"),
+    ("get", "/contacts/{contact_id}"),
+    ("post", "/contacts/{contact_id}/segments/{segment_id}"),
+    ("get", "/emails/{message_id}/events"),
+    ("get", "/sms"),
+    ("post", "/templates"),
+    ("get", "/templates/{template}/versions/{version_id}"),
+    ("delete", "/webhook-endpoints/{endpoint_id}"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), SPEC_OPERATIONS)
+def test_operations_of_the_spec_keep_its_path_parameter_names(method: str, path: str) -> None:
+    operation = document()["paths"][path][method]
+    named = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
+    assert named == set(re.findall(r"\{(\w+)\}", path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -167,7 +168,7 @@ async def test_requests_beyond_the_storage_bound_are_shed_at_once(
                     nursery.start_soon(wait_in_line)
                 await wait_for(lambda: shedder.storage_in_flight == 3)
                 with trio.fail_after(PROBE_SECONDS):
-                    shed = await client.get("/contacts")
+                    shed = await client.get("/contacts", headers={"X-Request-Id": "mine-1"})
                     live = await client.get("/healthz")
                     ready = await client.get("/readyz")
                     metrics = await client.get("/metrics")
@@ -175,6 +176,7 @@ async def test_requests_beyond_the_storage_bound_are_shed_at_once(
                 assert "capacity" in message
                 assert shed.headers["retry-after"] == "1"
                 assert shed.headers["connection"] == "close"
+                assert shed.headers["x-request-id"] == "mine-1"  # as every response
                 assert (live.status_code, ready.status_code, metrics.status_code) == (
                     200, 200, 200
                 )
@@ -281,6 +283,7 @@ async def test_content_length_with_transfer_encoding_is_400_and_closes(
             # Refused, then closed: what followed the body is never answered.
             assert received.startswith(b"HTTP/1.1 400"), received
             assert b"Content-Length and Transfer-Encoding" in received
+            assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", received), received
             assert received.count(b"HTTP/1.1 ") == 1, received
         assert ok_count(await client.get("/contacts")) == 0
 

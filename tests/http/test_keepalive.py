@@ -232,3 +232,56 @@ async def test_a_client_that_half_closes_after_its_request_gets_the_answer(
         assert reply.status == status, reply.body
         if raw.stream is not None:
             await raw.expect_close()
+
+
+async def _send_head(client: Client, head: str, body: bytes = b"") -> Reply:
+    """Send a request head of one's own (and part of a body); the answer."""
+    client.stream = await trio.open_tcp_stream(client.host, client.port)
+    await client.stream.send_all(head.replace("\n", "\r\n").encode() + b"\r\n\r\n" + body)
+    return await client._read_reply()
+
+
+# A body that is announced and never finished; answered within this (the
+# body timeout is 60 s), the wait for the rest of the body included.
+UNREAD_WITHIN = 2 * 2.0 + 1
+
+
+@pytest.mark.parametrize("path", ["/contacts", "/broadcasts"])
+async def test_a_request_without_a_valid_token_is_refused_before_its_body(
+    raw: Client, path: str
+) -> None:
+    """401 at once whatever the body: one that never finishes (a client
+    without a token holds no place while it sends it), one far over the
+    limit (not 413), and two Idempotency-Keys (not 400)."""
+    bogus = "Authorization: Bearer svc_team_not-a-token"
+    heads = [
+        (f"POST {path} HTTP/1.1\nHost: x\n{bogus}\nContent-Length: 100", b"{"),
+        (f"POST {path} HTTP/1.1\nHost: x\n{bogus}\nContent-Length: 5000000", b""),
+        (f"POST {path} HTTP/1.1\nHost: x\n{bogus}\nIdempotency-Key: a\nIdempotency-Key: b\n"
+         "Content-Length: 2", b"{}"),
+    ]
+    for head, body in heads:
+        with trio.fail_after(UNREAD_WITHIN):
+            reply = await _send_head(raw, head, body)
+            assert reply.status == 401, (head, reply.body)
+            assert json.loads(reply.body)["error"]["code"] == "UNAUTHORIZED"
+            if reply.closes:
+                await raw.expect_close()
+        await raw.aclose()
+
+
+async def test_a_get_whose_announced_body_never_arrives_is_answered(
+    raw: Client, make_token: MakeToken
+) -> None:
+    """A route that takes no body does not wait for one: it answers, and the
+    connection closes after it (the rest of the body cannot be told from a
+    next request)."""
+    for path, status in (("/contacts", 200), ("/broadcasts", 200), ("/contacts", 401)):
+        token = await make_token(team="getter")  # each token has one request here
+        secret = token.secret if status == 200 else "svc_team_not-a-token"
+        head = f"GET {path} HTTP/1.1\nHost: x\nAuthorization: Bearer {secret}\nContent-Length: 10"
+        with trio.fail_after(UNREAD_WITHIN):
+            reply = await _send_head(raw, head)
+            assert reply.status == status, (path, reply.body)
+            assert reply.closes
+            await raw.expect_close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -42,6 +43,7 @@ def assert_envelope(status: int, headers: dict[str, str], body: bytes, expected:
     assert headers["content-type"] == "application/json"
     assert int(headers["content-length"]) == len(body)
     assert headers["connection"] == "close"
+    assert re.fullmatch(r"[0-9a-f]{32}", headers["x-request-id"])  # as every response
     document = json.loads(body)
     assert document["success"] is False
     assert document["error"]["code"] == "BAD_REQUEST"

@@ -304,11 +304,13 @@ async def delete_broadcast(call: Call, broadcast_id: UUID) -> Answer:
 
 
 @routes.route(
-    "POST", "/broadcasts/{broadcast_id}/send",
+    "POST", "/broadcasts/{broadcast}/send",
     summary="Send a draft broadcast now, or schedule it", permission="broadcasts:send",
     body=SendBroadcast, body_required=False, response=BroadcastOut,
 )
-async def send_broadcast(call: Call, broadcast_id: UUID, body: SendBroadcast) -> BroadcastOut:
+async def send_broadcast(call: Call, broadcast: UUID, body: SendBroadcast) -> BroadcastOut:
+    # The path parameter is ``broadcast`` here, as the spec names it.
+    broadcast_id = broadcast
     current = await _find(call, broadcast_id)
     if current.status != "draft":
         raise conflict(f"the broadcast is {current.status}: only a draft can be sent")
@@ -329,13 +331,13 @@ async def send_broadcast(call: Call, broadcast_id: UUID, body: SendBroadcast) ->
 
 
 @routes.route(
-    "POST", "/broadcasts/{broadcast_id}/cancel",
+    "POST", "/broadcasts/{broadcast}/cancel",
     summary="Cancel a broadcast: scheduled back to draft, queued to canceled",
     permission="broadcasts:send", response=BroadcastOut,
 )
-async def cancel_broadcast(call: Call, broadcast_id: UUID) -> BroadcastOut:
+async def cancel_broadcast(call: Call, broadcast: UUID) -> BroadcastOut:
     try:
-        canceled = await store.cancel(call.conn, call.team_id, broadcast_id)
+        canceled = await store.cancel(call.conn, call.team_id, broadcast)
     except WrongState as error:
         raise _refused(error, "only a scheduled or queued broadcast can be canceled") from None
     if canceled is None:

@@ -347,12 +347,14 @@ async def cancel_email(call: Call, email_id: UUID) -> dict[str, Any]:
 
 
 @routes.route(
-    "GET", "/emails/{email_id}/events", summary="The email's events, newest first",
+    "GET", "/emails/{message_id}/events", summary="The email's events, newest first",
     permission="email:read", query=EventQuery, response=EmailEventList,
 )
-async def list_email_events(call: Call, email_id: UUID, query: EventQuery) -> dict[str, Any]:
+async def list_email_events(call: Call, message_id: UUID, query: EventQuery) -> dict[str, Any]:
     limit = min(query.limit, MAX_LIMIT)
-    found = await manage.list_email_events(call.conn, call.team_id, email_id, limit, query.offset)
+    found = await manage.list_email_events(
+        call.conn, call.team_id, message_id, limit, query.offset
+    )
     if found is None:
         raise not_found("email")
     return {"object": "list", "data": [EmailEventOut.model_validate(e) for e in found]}

@@ -12,11 +12,12 @@ It answers exactly as the Quart path does (``pipeline.run_as_unit`` and the
 hooks and error handlers of ``tidings/http/app.py``): the same URL rules
 (Quart's own map decides which route a path is, so 404, 405 with ``Allow``,
 ``OPTIONS``, ``HEAD`` and redirects stay Quart's), the same checks in the
-same order (credential, cache, rate limit, then the body with its 413 and
-408), the same envelopes and headers, the request id, the access log line
-and the metrics. A response given before the body was read lets the rest of
-the body in while it is sent, as Quart's background reader does, so the
-connection stays usable (``tidings/http/connection.py``).
+same order (the token, from the cache or looked up, its permission and rate
+limit, then the body with its 413 and 408: a request without a valid token
+is refused before its body is waited for), the same envelopes and headers,
+the request id, the access log line and the metrics. A response given before
+the body was read lets the rest of the body in while it is sent, as Quart's
+background reader does, so the connection stays usable (``tidings/http/connection.py``).
 
 Load shedding wraps this (``tidings/http/shedding.py``): a shed request
 never gets here.
@@ -47,7 +48,7 @@ from tidings.http.envelope import (
     storage_failure,
 )
 from tidings.http.idempotency_key import IDEMPOTENCY_HEADER, fingerprint, one_key_header
-from tidings.http.pipeline import Incoming, cached_admission, run_incoming
+from tidings.http.pipeline import Incoming, admission, run_incoming
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import MUTATING, Route
 from tidings.logging_setup import choose_request_id, log_access, request_id
@@ -130,7 +131,7 @@ class _Request:
         self.transfer_encoding: str | None = None
         self.complete = False
         self.limit: int | None = None
-        # The team of the admitted token, for the access log (pipeline.Incoming).
+        # The team of the admitted token, for the access log (pipeline.admission).
         self.admitted: list[UUID] = []
         # Header values as Quart reads them: latin-1; every Authorization and
         # Idempotency-Key (more than one is refused), the first of other repeats.
@@ -148,6 +149,11 @@ class _Request:
                     self.content_length = value.decode("latin-1")
             elif name == b"transfer-encoding" and self.transfer_encoding is None:
                 self.transfer_encoding = value.decode("latin-1")
+
+    @property
+    def announces_body(self) -> bool:
+        """Whether a body follows the headers (h11 refuses a malformed length)."""
+        return self.transfer_encoding is not None or self.content_length not in (None, "0")
 
 
 
@@ -245,7 +251,7 @@ class FrontDoor:
         exchange: _Request, receive: Receive,
     ) -> Any:
         service = self._service
-        secret_hash, token = cached_admission(
+        token = await admission(
             service, route, self._limiter, exchange.authorization, exchange.admitted
         )
         raw_body = b""
@@ -253,9 +259,11 @@ class FrontDoor:
             raw_body = await self._read_body(
                 exchange, receive, route.max_body_bytes(service.config)
             )
-        else:
-            # Read (and drop) the body so that the connection knows the
-            # request is whole; without one its one message is there already.
+        elif not exchange.announces_body:
+            # Its one message is there already: read, the connection knows
+            # the request is whole. A body a route does not take (a GET with
+            # Content-Length) is not waited for: it is let in while the answer
+            # is sent, or the connection closes after it (``_serve``).
             if await self._discard_body(receive):
                 raise _Gone()
             exchange.complete = True
@@ -265,9 +273,7 @@ class FrontDoor:
             query, mimetype = _query_and_mimetype(scope)
         key_header = one_key_header(exchange.key_headers)
         incoming = Incoming(
-            secret_hash=secret_hash,
             token=token,
-            cache_version=service.tokens.version,
             path_values=values,
             query=query,
             raw_body=raw_body,
@@ -276,7 +282,6 @@ class FrontDoor:
             fingerprint=b"" if key_header is None else fingerprint(
                 scope["method"], scope["path"], scope["query_string"], raw_body
             ),
-            admitted=exchange.admitted,
         )
         # A client that leaves cancels its request, as in Quart: its storage
         # work rolls back and its place in the shedder's bounds is free again.
@@ -285,7 +290,7 @@ class FrontDoor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             try:
-                result = await run_incoming(service, route, self._limiter, incoming)
+                result = await run_incoming(service, route, incoming)
             except Exception as error:  # noqa: BLE001 - raised below, not in a group
                 failure = error
             nursery.cancel_scope.cancel()

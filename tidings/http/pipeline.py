@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -119,7 +119,26 @@ def admit(
 
 async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -> Token:
     """The caller's token, checked for this route; from the cache when it can be."""
-    secret_hash = secret_hash_of(bearer_secret(request.headers.getlist("Authorization")))
+    seen: list[UUID] = []
+    try:
+        return await admission(
+            service, route, rate_limiter, request.headers.getlist("Authorization"), seen
+        )
+    finally:
+        if seen:
+            g.team_id = seen[0]
+
+
+async def admission(
+    service: Service, route: Route, rate_limiter: RateLimiter, authorization: list[str],
+    seen: list[UUID],
+) -> Token:
+    """The caller's token admitted for ``route``, or the 401/403/429 that says
+    why not, before anything else of the request is read (its body above all:
+    a client without a valid token holds nothing while it sends one slowly).
+    From the cache, else looked up: a crossing of its own, on a token's first
+    request in this process only. ``seen`` as in ``admit``."""
+    secret_hash = secret_hash_of(bearer_secret(authorization))
     token = None
     if secret_hash is not None:
         token = service.tokens.get(secret_hash)
@@ -128,12 +147,7 @@ async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -
             token = await service.db.run(token_store.find_by_hash, secret_hash)
             if token is not None:
                 service.tokens.put(secret_hash, token, version)
-    seen: list[UUID] = []
-    try:
-        return admit(route, token, rate_limiter, seen)
-    finally:
-        if seen:
-            g.team_id = seen[0]
+    return admit(route, token, rate_limiter, seen)
 
 
 def render(route: Route, result: Any) -> Rendered:
@@ -163,36 +177,24 @@ async def store_response(
 class Incoming:
     """What the unit needs of a request, read on the trio side."""
 
-    secret_hash: bytes | None
-    token: Token | None  # from the cache; None: look it up
-    cache_version: int
+    token: Token  # admitted (``admission``)
     path_values: dict[str, str]
     query: dict[str, Any]
     raw_body: bytes
     mimetype: str
     key_header: str | None
     fingerprint: bytes
-    # Set once the token is admitted, so that the access log names the team
-    # of a request that then fails (a 400, a 403, a 409) as well.
-    admitted: list[UUID] = field(default_factory=list)
 
 
 async def run_unit(
     conn: AsyncioConnection,
     service: Service,
     route: Route,
-    limiter: RateLimiter,
     incoming: Incoming,
 ) -> tuple[Call, Rendered]:
     """Serve one request on ``conn``. Runs whole on the asyncio side: it awaits
     nothing but ``conn``. Cancellation rolls back its transaction."""
     token = incoming.token
-    if token is None:
-        if incoming.secret_hash is not None:
-            token = await token_store.find_by_hash(conn, incoming.secret_hash)
-            if token is not None:
-                service.tokens.put(incoming.secret_hash, token, incoming.cache_version)
-        token = admit(route, token, limiter, incoming.admitted)
     kwargs = arguments(
         route, incoming.path_values, incoming.query, incoming.raw_body, incoming.mimetype
     )
@@ -312,28 +314,12 @@ async def run_on_trio(
     return json_response(*render(route, result))
 
 
-def cached_admission(
-    service: Service, route: Route, rate_limiter: RateLimiter, authorization: list[str],
-    seen: list[UUID],
-) -> tuple[bytes | None, Token | None]:
-    """The secret's hash and its token when the cache knows it, admitted for
-    ``route`` before the body is read (401/403/429 as on a miss); ``seen`` as
-    in ``admit``."""
-    secret_hash = secret_hash_of(bearer_secret(authorization))
-    token = None if secret_hash is None else service.tokens.get(secret_hash)
-    if token is not None:
-        admit(route, token, rate_limiter, seen)
-    elif secret_hash is None:
-        admit(route, None, rate_limiter)
-    return secret_hash, token
-
-
 async def run_incoming(
-    service: Service, route: Route, rate_limiter: RateLimiter, incoming: Incoming
+    service: Service, route: Route, incoming: Incoming
 ) -> tuple[Call, Rendered]:
     """The request's storage work in one crossing; the caller runs
     ``call.committed()`` and answers."""
-    return await service.db.run(run_unit, service, route, rate_limiter, incoming)
+    return await service.db.run(run_unit, service, route, incoming)
 
 
 async def run_as_unit(
@@ -343,7 +329,7 @@ async def run_as_unit(
     serves them without it; HEAD requests and anything it passes on come here)."""
     seen: list[UUID] = []  # the admitted token's team, for the access log
     try:
-        secret_hash, token = cached_admission(
+        token = await admission(
             service, route, rate_limiter, request.headers.getlist("Authorization"), seen
         )
         raw_body = b""
@@ -351,9 +337,7 @@ async def run_as_unit(
             raw_body = await read_body(route.max_body_bytes(service.config))
         key_header = one_key_header(request.headers.getlist(IDEMPOTENCY_HEADER))
         incoming = Incoming(
-            secret_hash=secret_hash,
             token=token,
-            cache_version=service.tokens.version,
             path_values=path_values,
             query=query_values(),
             raw_body=raw_body,
@@ -362,10 +346,8 @@ async def run_as_unit(
             fingerprint=b"" if key_header is None else fingerprint(
                 request.method, request.path, request.query_string, raw_body
             ),
-            admitted=seen,
         )
-        call, (status, body, headers) = await run_incoming(
-            service, route, rate_limiter, incoming)
+        call, (status, body, headers) = await run_incoming(service, route, incoming)
     finally:
         if seen:
             g.team_id = seen[0]

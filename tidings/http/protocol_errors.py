@@ -21,6 +21,7 @@ from hypercorn.events import Closed
 from hypercorn.protocol.h11 import H11Protocol
 
 from tidings.http.envelope import error_body
+from tidings.logging_setup import choose_request_id
 
 MESSAGES = {
     400: "the request is not valid HTTP/1.1: a malformed request line or header line, "
@@ -143,6 +144,9 @@ class EnvelopeH11Protocol(H11Protocol):
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
+            # As every response; the request's own id is not read from a
+            # request that could not be read.
+            (b"x-request-id", choose_request_id(None).encode()),
         ]
         await self._send_h11_event(
             h11.Response(

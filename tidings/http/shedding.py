@@ -47,6 +47,7 @@ from hypercorn.typing import ASGISendCallable as Send
 from hypercorn.typing import HTTPScope, Scope
 
 from tidings.http.envelope import error_body
+from tidings.logging_setup import choose_request_id
 
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -103,7 +104,7 @@ class Shedder:
             with trio.move_on_after(DRAIN_SECONDS):
                 while (await receive()).get("more_body", False):
                     pass
-            await self._answer(send, 400, self._ambiguous)
+            await self._answer(scope, send, 400, self._ambiguous)
             return
         if path in PROBES:
             await self.app(scope, receive, send)
@@ -151,11 +152,15 @@ class Shedder:
         """503 without reading the body, and the connection closed."""
         self.shed_total += 1
         self._on_shed(scope["method"])
-        await self._answer(send, 503, self._refusal, retry=True)
+        await self._answer(scope, send, 503, self._refusal, retry=True)
 
-    async def _answer(self, send: Send, status: int, body: bytes, *, retry: bool = False) -> None:
+    async def _answer(
+        self, scope: HTTPScope, send: Send, status: int, body: bytes, *, retry: bool = False
+    ) -> None:
         """An error envelope, and the connection closed."""
         headers = [
+            # As every response: the client's request id when sane, else a new one.
+            (b"x-request-id", choose_request_id(_request_id_sent(scope)).encode()),
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             # After a refusal a client that would resend at once must connect
@@ -169,6 +174,13 @@ class Shedder:
             headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _request_id_sent(scope: HTTPScope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            return value.decode("latin-1")
+    return None
 
 
 def _framing(scope: HTTPScope) -> tuple[int | None, bool]:
