@@ -208,7 +208,7 @@ async def test_batches_side_by_side_take_distinct_chunks_and_cancel_does_not_wai
     batch = await batch_args(service, bid, owner)
     async with service.db.acquire() as first, first.transaction():
         # A batch in flight on another connection holds chunk 0 ...
-        claimed = await first.fetch(CLAIM_CHUNK, UUID(bid), owner, [])
+        claimed = await first.fetch(CLAIM_CHUNK, UUID(bid), owner, [], "acme.example")
         assert [row["chunk"] for row in claimed] == [0]
         # ... so this one takes chunk 1 at once, another contact.
         with trio.fail_after(5):
@@ -222,3 +222,40 @@ async def test_batches_side_by_side_take_distinct_chunks_and_cancel_does_not_wai
     assert [e["contact_id"] for e in emails] != [claimed[0]["contact_id"]]
     after = await service.db.run(queue_batch, batch)
     assert after.held is False and len(await emails_of(service, bid)) == 1
+
+
+async def test_a_sending_domain_deleted_during_fanout_fails_the_broadcast(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    """Every chunk checks the domain, holding it while it queues: a delete
+    waits for the chunk in flight, and the next chunk ends the fanout."""
+    bid, owner = await sent_while_held(client, service, draft(audience))
+    await service.db.run(fanout.snapshot, UUID(bid), owner, 1)  # a chunk per contact
+    assert (await service.db.run(queue_batch, await batch_args(service, bid, owner))).queued == 1
+    async with service.db.acquire() as deleting, deleting.transaction():
+        await deleting.execute("SELECT 1 FROM domains WHERE name = 'acme.example' FOR UPDATE")
+        # The fanout goes on in the service's own actor, and its next chunk
+        # waits for the domain.
+        async with service.db.acquire() as conn:
+            await conn.execute("UPDATE broadcasts SET lease_owner = NULL, leased_until = NULL "
+                               "WHERE id = $1", UUID(bid))
+        service.broadcasts.wake(UUID(bid))
+        with trio.fail_after(10):
+            # Seen from outside the transaction (pg_stat_activity keeps still within one).
+            while not await conn_count(
+                service, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%FROM broadcast_chunks%'"
+            ):
+                await trio.sleep(0.02)
+        await deleting.execute("DELETE FROM domains WHERE name = 'acme.example'")
+    await wait_status(service, bid, "failed")
+    failed = ok(await client.get(f"/broadcasts/{bid}"))
+    assert "verified sending domain" in failed["failure_reason"]
+    assert failed["queued_count"] == 1 and len(await emails_of(service, bid)) == 1
+    assert ok(await client.get("/events", params={"type": "broadcast.failed"}))["data"]
+
+
+async def conn_count(service: Service, query: str) -> int:
+    async with service.db.acquire() as conn:
+        found: int = await conn.fetchval(query)
+    return found

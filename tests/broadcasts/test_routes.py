@@ -124,7 +124,8 @@ async def test_header_fields_refuse_line_breaks(
     break in either would write headers of the sender's choosing."""
     for field, value in (("from_name", "Evil\r\nBcc: victim@x.example"), ("from_name", "A\rB"),
                          ("from_name", "Tab\tName"), ("subject", "s\r\nX-Inj: 1"),
-                         ("subject", "two\nlines")):
+                         ("subject", "two\nlines"), ("from_name", "News\u2028Team"),
+                         ("from_name", "News\u2029Team"), ("from_name", "News\x85Team")):
         created = await client.post("/broadcasts", json=draft(audience, **{field: value}))
         assert assert_error(created, 400, "BAD_REQUEST").startswith(f"invalid body: {field}")
     b = ok(await client.post("/broadcasts", json=draft(audience)), 201)

@@ -48,6 +48,9 @@ log = logging.getLogger("tidings.broadcasts")
 
 INTENSITY = Intensity(restarts=5, within=60.0)
 IDLE_SECONDS = 30.0
+# The failure of a fanout whose sending domain is gone, at its start or later
+# (deleted, or no longer verified: checked by every chunk).
+NO_DOMAIN = "from_email is not on a verified sending domain of the team"
 
 
 class Broadcasts:
@@ -141,9 +144,7 @@ class FanoutActor(Actor[Wake]):
             sending_domain, broadcast.team_id, broadcast.from_email.rpartition("@")[2]
         )
         if domain is None:
-            return await b.fail(
-                self._id, "from_email is not on a verified sending domain of the team"
-            )
+            return await b.fail(self._id, NO_DOMAIN)
         batch = await self._batch(broadcast, domain.name)
         ended = _Ended()
         async with trio.open_nursery() as nursery:
@@ -175,6 +176,9 @@ class FanoutActor(Actor[Wake]):
                 return
             if not done.held:
                 ended.lost = True
+                return
+            if done.domain_gone:
+                ended.failure = NO_DOMAIN
                 return
             if not done.handled:
                 return  # every chunk is done or in another batch

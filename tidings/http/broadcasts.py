@@ -54,9 +54,9 @@ REQUIRED = ("name", "segment_id", "from_email", "subject", "html")
 
 def _one_line(body: RequestBody) -> None:
     """The fields that become message headers hold no control character,
-    line breaks among them."""
+    line breaks among them (NEL, U+2028 and U+2029 too, as POST /emails)."""
     name: str | None = getattr(body, "from_name", None)
-    if name is not None and any(ord(c) < 32 or c == "\x7f" for c in name):
+    if name is not None and ("\t" in name or CONTROL_CHARACTERS.search(name)):
         raise ValueError("from_name: control characters (line breaks among them) are not allowed")
     subject: str | None = getattr(body, "subject", None)
     if subject is not None and CONTROL_CHARACTERS.search(subject):

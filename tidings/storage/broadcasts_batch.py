@@ -43,7 +43,11 @@ WHERE id = $1 AND status = 'queued' AND lease_owner = $2 AND snapshot_at IS NOT 
 FOR KEY SHARE
 """
 
-# $1 broadcast, $2 lease owner, $3 the keys read from contact properties.
+# $1 broadcast, $2 lease owner, $3 the keys read from contact properties, $4
+# the sending domain. No chunk while the domain is not a verified one of the
+# team (``sending`` 0): deleted (or no longer verified) during the fanout.
+# The chunk holds it (FOR KEY SHARE) until it commits, so a delete waits for
+# the chunk in flight and the next one sees it.
 # One row per recipient of the chunk, in the order ``Renderer.render``
 # reads; a single row with no chunk when none is left (or the broadcast is
 # not held). ``blocked``: the contact has, since the snapshot, unsubscribed,
@@ -52,9 +56,13 @@ FOR KEY SHARE
 # ``properties`` are JSON text, not ``->>``'s: the renderer writes a number
 # as templates do (``format_value``), which needs to know it is one.
 CLAIM_CHUNK = f"""
-WITH b AS ({_HELD}), chunk AS (
+WITH b AS ({_HELD}), d AS (
+    SELECT 1 FROM domains
+    WHERE team_id = (SELECT team_id FROM b) AND name = $4 AND status = 'verified'
+    FOR KEY SHARE
+), chunk AS (
     SELECT k.chunk, k.contact_ids FROM broadcast_chunks k
-    WHERE k.broadcast_id = $1 AND NOT k.done AND EXISTS (SELECT 1 FROM b)
+    WHERE k.broadcast_id = $1 AND NOT k.done AND EXISTS (SELECT 1 FROM d)
     ORDER BY k.chunk LIMIT 1
     FOR UPDATE OF k SKIP LOCKED
 )
@@ -63,7 +71,7 @@ SELECT u.contact_id, c.email, c.first_name, c.last_name,
            ARRAY(SELECT (c.properties -> p.key)::text
                  FROM unnest($3::text[]) WITH ORDINALITY AS p(key, n) ORDER BY p.n)
        END AS properties,
-       (SELECT count(*) FROM b) AS held, chunk.chunk,
+       (SELECT count(*) FROM b) AS held, (SELECT count(*) FROM d) AS sending, chunk.chunk,
        c.id IS NOT NULL AND (
            c.email IS NULL
            OR c.unsubscribed
@@ -172,13 +180,17 @@ class Queued:
     queued: int
     failed: int
     blocked: int = 0  # eligible at the snapshot, not any more: suppressed
+    # The sending domain is not a verified one of the team any more: nothing queued.
+    domain_gone: bool = False
 
 
 async def _queue(conn: Connection, batch: Batch) -> Queued:
     renderer = batch.renderer
     rows = await conn.fetch(CLAIM_CHUNK, batch.broadcast_id, batch.owner,
-                            renderer.property_keys)
+                            renderer.property_keys, batch.domain)
     held, chunk = bool(rows[0]["held"]), rows[0]["chunk"]
+    if held and not rows[0]["sending"]:
+        return Queued(True, 0, 0, 0, domain_gone=True)
     if not held or chunk is None:
         return Queued(held, 0, 0, 0)
     recipients = [row for row in rows if not row["blocked"]]
