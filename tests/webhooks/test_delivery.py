@@ -18,7 +18,9 @@ from tests.webhooks.conftest import (
 )
 from tests.webhooks.receiver import Answer, Received
 from tidings.service import Service
+from tidings.storage.webhooks import ROTATED_KEPT
 from tidings.webhooks import verify
+from tidings.webhooks.signing import WebhookVerificationError
 
 
 async def failing(_request: Received) -> Answer:
@@ -438,6 +440,52 @@ async def test_a_rotated_secret_signs_alongside_the_new_one(
     assert header.count("v1=") == 2
     assert verify(request.body, header, [new_secret])
     assert verify(request.body, header, [endpoint["secret"]])
+
+
+async def test_every_secret_rotated_out_within_its_time_keeps_signing(
+    client: httpx.AsyncClient, make_receiver: MakeReceiver, emit: Emit, service: Service
+) -> None:
+    """A second rotation within the day does not cut off the first old secret;
+    at most ROTATED_KEPT rotated-out secrets sign, the newest; one whose time
+    is up signs no more."""
+    receiver = await make_receiver()
+    endpoint = await create_endpoint(client, receiver.url)
+    secrets = [endpoint["secret"]]
+    for _ in range(2):
+        rotated = await client.post(f"/webhook-endpoints/{endpoint['id']}/rotate-secret")
+        secrets.append(rotated.json()["data"]["secret"])
+    await emit()
+    [request] = await receiver.wait_for(1)
+    header = request.headers["x-service-signature"]
+    assert header.count("v1=") == 3
+    assert all(signs(request.body, header, secret) for secret in secrets)
+
+    for _ in range(ROTATED_KEPT):
+        rotated = await client.post(f"/webhook-endpoints/{endpoint['id']}/rotate-secret")
+        secrets.append(rotated.json()["data"]["secret"])
+    await emit()
+    second = (await receiver.wait_for(2))[1]
+    header = second.headers["x-service-signature"]
+    assert header.count("v1=") == 1 + ROTATED_KEPT
+    signing = [s for s in secrets if signs(second.body, header, s)]
+    assert signing == secrets[-1 - ROTATED_KEPT:]
+
+    async with service.db.acquire() as conn:
+        await conn.execute(
+            "UPDATE webhook_endpoints SET previous_secrets_until = "
+            "array_fill(now() - interval '1 second', ARRAY[cardinality(previous_secrets)])"
+        )
+    await emit()
+    last = (await receiver.wait_for(3))[2]
+    header = last.headers["x-service-signature"]
+    assert header.count("v1=") == 1 and verify(last.body, header, [secrets[-1]])
+
+
+def signs(body: bytes, header: str, secret: str) -> bool:
+    try:
+        return bool(verify(body, header, [secret]))
+    except WebhookVerificationError:
+        return False
 
 
 async def test_the_test_event_goes_to_that_endpoint_alone(

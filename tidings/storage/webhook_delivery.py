@@ -50,10 +50,12 @@ LEASES = lease_sql(
       AND t.id NOT IN (SELECT id FROM claimed)
 ), target AS (
     SELECT url, secret,
-           CASE WHEN previous_secret_until > now() THEN previous_secret END AS previous_secret
+           ARRAY(SELECT p.secret FROM unnest(previous_secrets, previous_secrets_until)
+                     AS p(secret, until)
+                 WHERE p.until > now() ORDER BY p.until DESC) AS previous_secrets
     FROM webhook_endpoints WHERE id = $2 AND status = 'enabled'
 )
-SELECT target.url, target.secret, target.previous_secret,
+SELECT target.url, target.secret, target.previous_secrets,
        (SELECT seconds FROM next_due) AS next_due_in, c.*
 FROM target LEFT JOIN (
     SELECT claimed.id, claimed.endpoint_id, claimed.attempt_count, claimed.retry_base,
@@ -228,10 +230,7 @@ def _body_of(row: Row) -> bytes:
 
 
 def _target(row: Row) -> Target:
-    secrets = [str(row["secret"])]
-    if row["previous_secret"] is not None:
-        secrets.append(str(row["previous_secret"]))
-    return Target(str(row["url"]), tuple(secrets))
+    return Target(str(row["url"]), (str(row["secret"]), *row["previous_secrets"]))
 
 
 async def claim_due(

@@ -15,8 +15,8 @@ from uuid import UUID
 from tidings.storage.rows import Queries, Row, build
 
 ENDPOINT_COLUMNS = """
-id, team_id, url, events, description, status, secret, previous_secret,
-previous_secret_until, consecutive_failures, last_failure_at, disabled_reason,
+id, team_id, url, events, description, status, secret, previous_secrets,
+previous_secrets_until, consecutive_failures, last_failure_at, disabled_reason,
 disabled_at, created_at, updated_at
 """
 
@@ -87,15 +87,33 @@ WITH endpoint AS (
 SELECT endpoint.*, pg_notify('{DUE_CHANNEL}', endpoint.id::text) FROM endpoint
 """
 
+# The secrets that keep signing after a rotation: the one rotated out (for
+# $4 seconds) and those rotated out before whose time has not run out, newest
+# first, at most ROTATED_KEPT. Computed from the row as locked, so two
+# rotations at once keep each other's secret.
+_KEPT = """(
+    SELECT coalesce(array_agg(kept.{column} ORDER BY kept.until DESC), '{{}}') FROM (
+        SELECT p.secret, p.until FROM unnest(
+            ARRAY[secret] || previous_secrets,
+            ARRAY[now() + $4 * interval '1 second'] || previous_secrets_until
+        ) AS p(secret, until)
+        WHERE p.until > now() ORDER BY p.until DESC LIMIT $5
+    ) AS kept
+)"""
+
 ROTATE_SECRET = f"""
 UPDATE webhook_endpoints SET
-    previous_secret = secret,
-    previous_secret_until = now() + $4 * interval '1 second',
+    previous_secrets = {_KEPT.format(column="secret")},
+    previous_secrets_until = {_KEPT.format(column="until")},
     secret = $3,
     updated_at = now()
 WHERE team_id = $1 AND id = $2
 RETURNING {ENDPOINT_COLUMNS}
 """
+
+# Rotated-out secrets that sign beside the current one, at most: each adds a
+# ``v1=`` to every delivery's signature header.
+ROTATED_KEPT = 10
 
 LIST_DELIVERIES = f"""
 SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries
@@ -143,8 +161,8 @@ class Endpoint:
     description: str | None
     status: str
     secret: str
-    previous_secret: str | None
-    previous_secret_until: datetime | None
+    previous_secrets: list[str]  # newest first, each signing until
+    previous_secrets_until: list[datetime]  # the time of the same place
     consecutive_failures: int
     last_failure_at: datetime | None
     disabled_reason: str | None
@@ -259,8 +277,12 @@ async def enable_endpoint(conn: Queries, team_id: UUID, endpoint_id: UUID) -> En
 async def rotate_secret(
     conn: Queries, team_id: UUID, endpoint_id: UUID, secret: str, overlap_seconds: float
 ) -> Endpoint | None:
-    """Give the endpoint a new secret; the current one keeps signing for a while."""
-    row = await conn.fetchrow(ROTATE_SECRET, team_id, endpoint_id, secret, overlap_seconds)
+    """Give the endpoint a new secret; the current one keeps signing for
+    ``overlap_seconds``, beside those rotated out before whose time is not up
+    (at most ``ROTATED_KEPT``, the newest)."""
+    row = await conn.fetchrow(
+        ROTATE_SECRET, team_id, endpoint_id, secret, overlap_seconds, ROTATED_KEPT
+    )
     return _endpoint(row)
 
 
