@@ -82,6 +82,14 @@ log = logging.getLogger("tidings.storage")
 EMBEDDED_DATABASE = "tidings"
 # How long the units' pool waits at shutdown for connections still out.
 POOL_CLOSE_SECONDS = 10.0
+# Every pooled connection's session: PostgreSQL ends one that sits in a
+# transaction doing nothing for a minute, and with it the transaction and its
+# locks. Tidings never waits on anything but PostgreSQL inside a transaction,
+# so only a process that stopped running (SIGSTOP, a paused VM, a partition
+# that TCP has not noticed) trips it: without it, the rows that process had
+# locked (a broadcast's, a chunk's, an email's) would stay locked, and the
+# work they stand for stuck, for as long as its connection lives.
+SESSION_SETTINGS = {"idle_in_transaction_session_timeout": "60s"}
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -264,7 +272,7 @@ async def open_database(config: Config, *, run_migrations: bool = True) -> Async
             nursery.start_soon(watch_embedded, config.data_dir)
         async with triopg.create_pool(
             url, min_size=1, max_size=config.db_pool_size, command_timeout=60,
-            reset=_keep_session,
+            reset=_keep_session, server_settings=SESSION_SETTINGS,
         ) as pool:
             if run_migrations:
                 async with pool.acquire() as conn:
@@ -302,7 +310,8 @@ async def open_unit_pool(url: str, size: int) -> AsyncIterator[UnitPool]:
 
 async def _create_pool(url: str, size: int) -> asyncpg.Pool:
     pool: asyncpg.Pool = await asyncpg.create_pool(
-        url, min_size=1, max_size=size, command_timeout=60, reset=_keep_session
+        url, min_size=1, max_size=size, command_timeout=60, reset=_keep_session,
+        server_settings=SESSION_SETTINGS,
     )
     return pool
 
