@@ -137,7 +137,7 @@ NULLABLE = {
 # Bodies that refuse ``{}`` (400: give at least one field to change).
 NOT_EMPTY = [
     "/topics/{topic_id}", "/contacts/{contact_id}", "/templates/{template}",
-    "/broadcasts/{broadcast_id}",
+    "/broadcasts/{broadcast_id}", "/webhook-endpoints/{endpoint_id}",
 ]
 
 

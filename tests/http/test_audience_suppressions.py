@@ -21,7 +21,11 @@ async def suppress(client: httpx.AsyncClient, address: str, **more: Any) -> dict
 
 
 async def test_addresses_are_normalised_and_unique(client: httpx.AsyncClient) -> None:
-    message_id = str(uuid.uuid4())
+    # The message that caused it: one of the team's (an SMS here).
+    assert (await client.post("/sender-ids", json={"value": "Acme", "type": "alphanumeric"})
+            ).status_code == 201
+    sent = await client.post("/sms", json={"to": "+14155552671", "from": "Acme", "body": "hi"})
+    message_id = ok(sent, 202)["id"]
     email = await suppress(client, " Ada@Example.COM ", reason="bounce",
                            source_message_id=message_id)
     assert email["object"] == "suppression"
@@ -38,6 +42,27 @@ async def test_addresses_are_normalised_and_unique(client: httpx.AsyncClient) ->
         response = await client.post("/suppressions", json={"address": again})
         assert "address" in assert_error(response, 409, "CONFLICT"), again
     assert ok(await client.get(f"/suppressions/{email['id']}")) == email
+
+
+async def test_a_source_message_must_be_one_of_the_team(
+    client: httpx.AsyncClient, make_token: MakeToken
+) -> None:
+    """Neither a made-up id nor another team's message is recorded (nor told apart)."""
+    other = await make_token(team="other")
+    async with httpx.AsyncClient(base_url=client.base_url, headers={
+        "Authorization": f"Bearer {other.secret}"
+    }) as theirs:
+        assert (await theirs.post("/sender-ids", json={"value": "Other",
+                                                        "type": "alphanumeric"})).status_code == 201
+        sent = await theirs.post("/sms", json={"to": "+14155552671", "from": "Other",
+                                               "body": "hi"})
+        their_message = ok(sent, 202)["id"]
+    for source in (str(uuid.uuid4()), their_message):
+        response = await client.post("/suppressions", json={
+            "address": "ada@example.com", "source_message_id": source})
+        message = assert_error(response, 404, "NOT_FOUND")
+        assert message == f"source_message_id: message {source} not found"
+    assert ok(await client.get("/suppressions"))["data"] == []
 
 
 async def test_suppression_refusals(client: httpx.AsyncClient) -> None:

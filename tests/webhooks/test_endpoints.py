@@ -75,6 +75,11 @@ async def test_update_changes_only_what_is_given(client: httpx.AsyncClient) -> N
     assert updated["updated_at"] >= endpoint["updated_at"]
     assert_error(await client.patch(path, json={"url": None}), 400, "BAD_REQUEST")
     assert_error(await client.patch(path, json={"secret": "whsec_mine"}), 400, "BAD_REQUEST")
+    # Nothing to change is refused, as by every PATCH, and changes nothing.
+    before = (await client.get(path)).json()["data"]
+    message = assert_error(await client.patch(path, json={}), 400, "BAD_REQUEST")
+    assert "at least one field" in message
+    assert (await client.get(path)).json()["data"] == before
 
 
 @pytest.mark.parametrize(

@@ -92,10 +92,13 @@ def stored_address(address: str) -> tuple[str, Kind]:
 async def create_suppression(call: Call, body: CreateSuppression) -> SuppressionOut:
     address, kind = stored_address(body.address)
     if body.reason in ONLY_FOR and ONLY_FOR[body.reason] != kind:
-        raise bad_request(f"reason: {body.reason} is only for an "
-                          f"{'email address' if kind == 'phone' else 'phone number'}")
+        raise bad_request(f"reason: {body.reason} is only for "
+                          f"{'an email address' if kind == 'phone' else 'a phone number'}")
+    source = body.source_message_id
+    if source is not None and not await store.is_message_of(call.conn, call.team_id, source):
+        raise not_found(f"source_message_id: message {source}")
     created = await store.create_suppression(
-        call.conn, call.team_id, address, kind, body.reason, body.source_message_id
+        call.conn, call.team_id, address, kind, body.reason, source
     )
     return SuppressionOut.of(created)
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Self
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tidings.http.envelope import ApiError, conflict, not_found
-from tidings.http.models import RequestBody, list_of, never_null
+from tidings.http.models import NOT_EMPTY, RequestBody, list_of, never_null
 from tidings.http.paging import Paging, page
 from tidings.http.routing import Answer, Call, Finish, Routes
 from tidings.storage import events as event_store
@@ -71,7 +71,10 @@ class CreateEndpoint(RequestBody):
 
 class UpdateEndpoint(RequestBody):
     """Only the fields given change; ``null`` clears the description, while
-    ``url`` and ``events`` may be changed, not removed (refused by the route)."""
+    ``url`` and ``events`` may be changed, not removed (refused by the route).
+    ``{}`` changes nothing and is refused, as every PATCH of the API does."""
+
+    model_config = NOT_EMPTY
 
     url: str | None = Field(
         None, min_length=1, max_length=MAX_URL_LENGTH, json_schema_extra=never_null
@@ -80,6 +83,12 @@ class UpdateEndpoint(RequestBody):
         None, min_length=1, description=EVENTS_DESCRIPTION, json_schema_extra=never_null
     )
     description: str | None = Field(None, max_length=500)
+
+    @model_validator(mode="after")
+    def _something(self) -> Self:
+        if not self.model_fields_set:
+            raise ValueError("give at least one field to change")
+        return self
 
     @field_validator("url")
     @classmethod

@@ -101,6 +101,18 @@ class Suppression:
     sms_opted_out_at: datetime | None = None
 
 
+MESSAGE_OF_TEAM = """
+SELECT EXISTS (SELECT 1 FROM emails WHERE team_id = $1 AND id = $2)
+    OR EXISTS (SELECT 1 FROM sms_messages WHERE team_id = $1 AND id = $2)
+"""
+
+
+async def is_message_of(conn: Connection, team_id: UUID, message_id: UUID) -> bool:
+    """Whether ``message_id`` is an email or SMS message of the team."""
+    found: bool = await conn.fetchval(MESSAGE_OF_TEAM, team_id, message_id)
+    return found
+
+
 async def create_suppression(
     conn: Connection,
     team_id: UUID,
