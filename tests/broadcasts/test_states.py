@@ -52,7 +52,11 @@ async def test_schedule_then_cancel_returns_to_draft(
     assert_error(await client.post(f"/broadcasts/{bid}/send"), 409, "CONFLICT")
     assert_error(await client.patch(f"/broadcasts/{bid}", json={"name": "x"}), 409, "CONFLICT")
     assert_error(await client.delete(f"/broadcasts/{bid}"), 409, "CONFLICT")
-    back = ok(await client.post(f"/broadcasts/{bid}/cancel"))
+    # The cancel takes no body: one it would not read is refused, not dropped.
+    for body in (b'{"x": 1}', b"{x", b"[]"):
+        refused = await client.post(f"/broadcasts/{bid}/cancel", content=body)
+        assert "takes no body" in assert_error(refused, 400, "BAD_REQUEST")
+    back = ok(await client.post(f"/broadcasts/{bid}/cancel", content=b" {} "))
     assert back["status"] == "draft" and back["scheduled_at"] is None
     assert back["revision"] == 3
     assert ok(await client.patch(f"/broadcasts/{bid}", json={"name": "again"}))["revision"] == 4

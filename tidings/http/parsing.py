@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from uuid import UUID
 
@@ -101,4 +102,15 @@ def arguments(
         kwargs["body"] = parse_body(route.body, raw_body, route.body_required)
     elif route.raw_body is not None:
         kwargs["raw_body"] = RawBody(raw_body, mimetype)
+    elif raw_body.strip() and not _empty_object(raw_body):
+        # As a field a body model does not know: what the client meant by it
+        # is never silently dropped. None, or {}, as clients send with a POST.
+        raise bad_request(f"body: {route.method} {route.path} takes no body (send none, or {{}})")
     return kwargs
+
+
+def _empty_object(raw: bytes) -> bool:
+    try:
+        return bool(json.loads(raw) == {})
+    except ValueError:
+        return False
