@@ -13,7 +13,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from tests.conftest import Credential, assert_error
+from tests.conftest import Credential, MakeToken, assert_error
 from tidings.config import Config
 from tidings.http.app import create_app
 from tidings.http.shedding import Shedder
@@ -213,12 +213,14 @@ def test_shedding_settings() -> None:
     assert (Config().max_in_flight, Config().max_db_waiters) == (64, 10)
 
 
-async def _slow_upload(host: str, port: int, secret: str, started: trio.Event) -> None:
+async def _slow_upload(
+    host: str, port: int, secret: str, started: trio.Event, path: str = "/contacts"
+) -> None:
     """A POST whose body never arrives past its first byte."""
     stream = await trio.open_tcp_stream(host, port)
     async with stream:
         await stream.send_all(
-            f"POST /contacts HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {secret}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {secret}\r\n"
             "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
         )
         started.set()
@@ -248,6 +250,39 @@ async def test_slow_request_bodies_take_no_place_in_the_queue_for_storage(
             assert (listed.status_code, created.status_code) == (200, 201), created.text
             nursery.cancel_scope.cancel()
         await wait_for(lambda: shedder.in_flight == 0 and shedder.storage_in_flight == 0)
+
+
+async def test_one_team_holds_at_most_half_the_places_with_bodies_still_arriving(
+    database_url: str, acme: Credential, make_token: MakeToken
+) -> None:
+    """A team's slow uploads beyond half of TIDINGS_MAX_IN_FLIGHT are refused
+    429 before their body is read, on routes of the front door and of Quart
+    alike; the other teams keep the rest of the places."""
+    other = await make_token(team="other")
+    async with shedding_service(
+        database_url, acme, db_pool_size=2, max_db_waiters=4, max_in_flight=8
+    ) as (service, shedder, client):
+        host, port = client.base_url.host, client.base_url.port
+        assert port is not None
+        async with trio.open_nursery() as nursery:
+            for path in ("/contacts", "/contacts", "/contacts", "/broadcasts"):  # 8 // 2
+                started = trio.Event()
+                nursery.start_soon(_slow_upload, host, port, acme.secret, started, path)
+                await started.wait()
+            await wait_for(lambda: shedder.in_flight == 4)
+            with trio.fail_after(PROBE_SECONDS):
+                refused = [await client.post(path, json={"email": "late@example.com"})
+                           for path in ("/contacts", "/broadcasts")]
+                theirs = await client.post("/contacts", json={"email": "ok@example.com"},
+                                           headers=other.headers)
+            for response in refused:
+                assert "sending their bodies" in assert_error(response, 429, "TOO_MANY_REQUESTS")
+                assert response.headers["retry-after"] == "1"
+            assert theirs.status_code == 201, theirs.text
+            nursery.cancel_scope.cancel()
+        await wait_for(lambda: shedder.in_flight == 0)
+        created = await client.post("/contacts", json={"email": "later@example.com"})
+        assert created.status_code == 201, created.text
 
 
 async def test_content_length_with_transfer_encoding_is_400_and_closes(

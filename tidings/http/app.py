@@ -113,7 +113,9 @@ def create_app(service: Service) -> QuartTrio:
     app.url_map.strict_slashes = False
     app.config[openapi.ROUTES_CONFIG] = all_routes()
     rate_limiter = RateLimiter(
-        service.config.rate_limit_per_second, service.config.rate_limit_burst
+        service.config.rate_limit_per_second, service.config.rate_limit_burst,
+        # Half the places in flight at most for one team's bodies still arriving.
+        uploads_per_team=max(1, service.config.max_in_flight // 2),
     )
 
     app.url_map.converters["segment"] = Segment

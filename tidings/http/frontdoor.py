@@ -256,9 +256,10 @@ class FrontDoor:
         )
         raw_body = b""
         if route.method in MUTATING:
-            raw_body = await self._read_body(
-                exchange, receive, route.max_body_bytes(service.config)
-            )
+            with self._limiter.uploads.receiving(token.team_id):
+                raw_body = await self._read_body(
+                    exchange, receive, route.max_body_bytes(service.config)
+                )
         elif not exchange.announces_body:
             # Its one message is there already: read, the connection knows
             # the request is whole. A body a route does not take (a GET with

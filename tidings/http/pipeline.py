@@ -291,7 +291,8 @@ async def run_on_trio(
     token = await authorize(service, route, rate_limiter)
     raw_body = b""
     if route.method in MUTATING:
-        raw_body = await read_body(route.max_body_bytes(service.config))
+        with rate_limiter.uploads.receiving(token.team_id):
+            raw_body = await read_body(route.max_body_bytes(service.config))
     kwargs = arguments(route, path_values, query_values(), raw_body, request.mimetype)
     key = (
         idempotency_key(one_key_header(request.headers.getlist(IDEMPOTENCY_HEADER)))
@@ -334,7 +335,8 @@ async def run_as_unit(
         )
         raw_body = b""
         if route.method in MUTATING:
-            raw_body = await read_body(route.max_body_bytes(service.config))
+            with rate_limiter.uploads.receiving(token.team_id):
+                raw_body = await read_body(route.max_body_bytes(service.config))
         key_header = one_key_header(request.headers.getlist(IDEMPOTENCY_HEADER))
         incoming = Incoming(
             token=token,

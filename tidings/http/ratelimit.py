@@ -2,12 +2,20 @@
 
 Each process keeps its own buckets, so N processes on one database allow up
 to N times the configured rate to one token.
+
+And the bound on one team's requests whose body is still arriving
+(``UploadLimit``): a body that trickles in holds a place among the requests
+in flight until it is whole or the body timeout ends it, so without a bound
+one team's slow (or stalled) uploads could take every place and have every
+other team's requests shed.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from uuid import UUID
 
 from tidings.http.envelope import ApiError
@@ -16,10 +24,44 @@ from tidings.http.envelope import ApiError
 FORGET_AFTER_SECONDS = 300.0
 
 
+class UploadLimit:
+    """At most ``per_team`` requests of one team receive their body at once in
+    this process; one more is answered 429 before its body is read."""
+
+    def __init__(self, per_team: int) -> None:
+        self.per_team = per_team
+        self._receiving: dict[UUID, int] = {}
+
+    @contextmanager
+    def receiving(self, team_id: UUID) -> Iterator[None]:
+        count = self._receiving.get(team_id, 0)
+        if count >= self.per_team:
+            raise ApiError(
+                429,
+                "TOO_MANY_REQUESTS",
+                f"{self.per_team} requests of this team are sending their bodies already; "
+                f"retry after {UPLOAD_RETRY_SECONDS} s",
+                headers={"Retry-After": str(UPLOAD_RETRY_SECONDS)},
+            )
+        self._receiving[team_id] = count + 1
+        try:
+            yield
+        finally:
+            left = self._receiving[team_id] - 1
+            if left:
+                self._receiving[team_id] = left
+            else:
+                del self._receiving[team_id]
+
+
+UPLOAD_RETRY_SECONDS = 1
+
+
 class RateLimiter:
-    def __init__(self, per_second: float, burst: int) -> None:
+    def __init__(self, per_second: float, burst: int, uploads_per_team: int = 32) -> None:
         self.per_second = per_second
         self.burst = burst
+        self.uploads = UploadLimit(uploads_per_team)
         self._buckets: dict[UUID, tuple[float, float]] = {}
         self._last_prune = time.monotonic()
 
