@@ -109,6 +109,9 @@ async def test_a_refusal_at_rcpt_is_a_bounce_and_suppresses(
     ]
     bounced = next(e for e in found if e["type"] == "bounced")
     assert bounced["code"] == "550" and "no such user" in bounced["message"]
+    # The webhook event carries the provider's status too.
+    [hook] = ok(await client.get("/events", params={"type": "message.bounced"}))["data"]
+    assert (hook["data"]["code"], hook["data"]["message"]) == ("550", bounced["message"])
     [suppression] = ok(await client.get("/suppressions"))["data"]
     assert (suppression["address"], suppression["reason"]) == ("gone@example.com", "bounce")
     assert [m.recipients for m in sink.messages] == [["ada@example.com"]]
@@ -121,6 +124,8 @@ async def test_a_deferral_is_retried_and_fails_after_the_last_try(
     email_id = await send(client, to="busy@example.com")
     found = await types_when(client, email_id, "failed")
     assert [(e["type"], e["code"]) for e in found] == [("queued", None), ("failed", "451")]
+    [hook] = ok(await client.get("/events", params={"type": "message.failed"}))["data"]
+    assert hook["data"]["code"] == "451" and "try later" in hook["data"]["message"]
     assert sink.messages == []
 
 

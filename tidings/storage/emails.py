@@ -237,8 +237,15 @@ def _change_args(changes: Sequence[Change]) -> list[Any]:
         [c.provider for c in changes],
         [c.code for c in changes],
         [c.message for c in changes],
-        [json.dumps(c.data) for c in changes],
+        [json.dumps(_webhook_data(c)) for c in changes],
     ]
+
+
+def _webhook_data(change: Change) -> dict[str, Any]:
+    """The webhook event's ``data``: the email's, and the provider's status of
+    an outcome (``code``, ``message``) however the change came about."""
+    more = {"code": change.code, "message": change.message}
+    return change.data | {key: value for key, value in more.items() if value is not None}
 
 
 async def record_changes(conn: Connection, changes: Sequence[Change]) -> None:
