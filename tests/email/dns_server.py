@@ -22,7 +22,8 @@ import trio
 class Zone:
     """``records[(name, type)]`` = rdata texts, e.g. ``('x.example', 'TXT')``:
     ``['"v=spf1 ..."']``. ``servfail`` makes every answer SERVFAIL;
-    ``delay`` holds every answer back that many seconds (a slow name server)."""
+    ``delay`` holds every answer back that many seconds (a slow name server),
+    an answer from the zone as it was when asked."""
 
     records: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     servfail: bool = False
@@ -78,13 +79,14 @@ async def serve_dns(zone: Zone) -> AsyncIterator[tuple[str, int]]:
             except dns.exception.DNSException:
                 continue
             if zone.delay:
-                nursery.start_soon(answer_later, query, peer)
+                nursery.start_soon(answer_later, zone.answer(query), zone.delay, peer)
             else:
                 await sock.sendto(zone.answer(query).to_wire(), peer)
 
-    async def answer_later(query: dns.message.Message, peer: Any) -> None:
-        await trio.sleep(zone.delay)
-        await sock.sendto(zone.answer(query).to_wire(), peer)
+    async def answer_later(answer: dns.message.Message, delay: float, peer: Any) -> None:
+        # The zone as it was when asked, arriving late (a slow network).
+        await trio.sleep(delay)
+        await sock.sendto(answer.to_wire(), peer)
 
     with sock:
         async with trio.open_nursery() as nursery:

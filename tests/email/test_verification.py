@@ -164,6 +164,38 @@ async def test_recheck_records_a_record_that_disappears(
     assert (await verify(client, lost))["status"] == "verified"
 
 
+async def test_a_recheck_never_overwrites_a_verify_made_meanwhile(
+    client: httpx.AsyncClient, zone: tuple[Zone, Any], service: Service
+) -> None:
+    """The periodic check asked while a record was missing; the record came
+    back and a verify found it before that check's answers arrived: the
+    later verify stands."""
+    z = zone[0]
+    domain = ok(await client.post("/domains", json={"name": "race.example"}), 201)
+    publish(z, domain)
+    domain = await verify(client, domain)
+    dkim = by_purpose(domain)["dkim"]
+    z.remove(dkim["name"], "TXT")
+    z.delay = 1.0
+    z.queries.clear()
+    await trio.sleep(0.01)
+    found: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        async def recheck() -> None:
+            found.extend(await recheck_due(
+                service.db, service.config.with_(domain_recheck_seconds=0.001)))
+
+        nursery.start_soon(recheck)
+        with trio.fail_after(5):
+            while not any(name == dkim["name"] for name, _ in z.queries):
+                await trio.sleep(0.01)
+        publish(z, domain)
+        z.delay = 0.0
+        assert (await verify(client, domain))["status"] == "verified"
+    assert found == []  # its answers came after the verify: not stored
+    assert ok(await client.get(f"/domains/{domain['id']}"))["status"] == "verified"
+
+
 async def test_recheck_inconclusive_changes_nothing(
     client: httpx.AsyncClient, zone: tuple[Zone, Any], service: Service
 ) -> None:

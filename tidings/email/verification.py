@@ -40,9 +40,11 @@ async def statuses_of(config: Config, records: Sequence[Record]) -> list[Status]
     return await check(resolver_for(config), records)
 
 
-def outcome(domain: Domain, statuses: Sequence[Status]) -> Check:
+def outcome(domain: Domain, statuses: Sequence[Status], *, guarded: bool = False) -> Check:
+    """What the lookups found for ``domain``; ``guarded``: stored only if no
+    other check was stored since ``domain`` was read."""
     records = with_statuses(domain.records, statuses, datetime.now(UTC))
-    return Check(domain.id, records, domain_status(records))
+    return Check(domain.id, records, domain_status(records), guarded, domain.last_checked_at)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ async def recheck_due(db: Database, config: Config) -> list[Lapse]:
             except LookupFailed as error:
                 log.warning("domain %s: re-verification inconclusive: %s", domain.name, error)
                 return
-        checks.append(outcome(domain, statuses))
+        checks.append(outcome(domain, statuses, guarded=True))
 
     async with trio.open_nursery() as nursery:
         for domain in due:

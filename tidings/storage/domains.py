@@ -66,8 +66,9 @@ UPDATE domains d SET
     last_checked_at = now(),
     updated_at = CASE WHEN c.status <> d.status OR c.records::jsonb <> d.records THEN now()
                       ELSE d.updated_at END
-FROM unnest($1::uuid[], $2::text[], $3::text[]) AS c(id, records, status)
-WHERE d.id = c.id
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::boolean[], $5::timestamptz[])
+    AS c(id, records, status, guarded, checked_at)
+WHERE d.id = c.id AND (NOT c.guarded OR d.last_checked_at IS NOT DISTINCT FROM c.checked_at)
 RETURNING {", ".join("d." + column.strip() for column in COLUMNS.split(","))}
 """
 
@@ -172,16 +173,24 @@ class Check:
     domain_id: UUID
     records: list[Record]
     status: Literal["verified", "failed"]
+    # Stored only if the domain was not checked since ``checked_at`` (its
+    # ``last_checked_at`` when read): a periodic check never overwrites a
+    # newer one (a verify asked for meanwhile, another process's check).
+    guarded: bool = False
+    checked_at: datetime | None = None
 
 
 async def record_checks(conn: Connection, checks: Sequence[Check]) -> list[Domain]:
     """Store what checks found, for any number of domains in one statement; the
-    domains as they are now (a domain deleted meanwhile is left out)."""
+    domains as they are now (a domain deleted meanwhile is left out, and so
+    is one a guarded check found checked since)."""
     rows = await conn.fetch(
         RECORD_CHECKS,
         [check.domain_id for check in checks],
         [_records_json(check.records) for check in checks],
         [check.status for check in checks],
+        [check.guarded for check in checks],
+        [check.checked_at for check in checks],
     )
     return [_domain(row) for row in rows]
 
