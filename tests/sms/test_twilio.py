@@ -127,6 +127,10 @@ async def test_status_callbacks_are_verified_and_move_forward_only(
     tampered = await http.post(STATUS, data={**form, "ErrorCode": "30007"},
                                headers={"X-Twilio-Signature": sig})
     assert_error(tampered, 403, "FORBIDDEN")
+    # A signature that is not even ASCII is one that does not match.
+    for path in (STATUS, "/providers/twilio/inbound"):
+        odd = await http.post(path, data=form, headers=[(b"X-Twilio-Signature", b"\xc3\xa9abc")])
+        assert_error(odd, 403, "FORBIDDEN")
 
 
 async def test_unknown_between_callbacks_never_takes_a_message_back(

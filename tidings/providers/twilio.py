@@ -133,7 +133,11 @@ def signature(auth_token: str, url: str, params: Iterable[tuple[str, str]]) -> s
 def valid_signature(
     auth_token: str, url: str, params: Iterable[tuple[str, str]], given: str
 ) -> bool:
-    return hmac.compare_digest(signature(auth_token, url, params), given.strip())
+    # Bytes: a header with a character beyond ASCII is a signature that does
+    # not match, not an error (compare_digest takes ASCII text only).
+    return hmac.compare_digest(
+        signature(auth_token, url, params).encode(), given.strip().encode("utf-8", "replace")
+    )
 
 
 # Delay-seconds (RFC 9110): ASCII digits only. ``str.isdigit`` also takes
