@@ -43,10 +43,11 @@ DEFAULT_SMS_HELP_TEXT = (
 SMS_PROVIDERS = ("sandbox", "twilio")
 
 
-# An SMS's lease is not renewed while its send waits on the provider, so it
-# must outlast the provider's longest answer (Twilio's client gives up after
-# 15 s, tidings.providers.twilio.TIMEOUT_SECONDS): a lease that ran out first
-# would let another process send the message again.
+# An SMS's lease is not renewed while its send waits on the provider: a send
+# is given up after half the lease (its message then ``unknown``, never sent
+# again), so at least 10 s, within which Twilio answers in any healthy
+# moment; a lease that ran out first would let another process take the
+# message up (it would find the send begun and not send it again).
 SMS_LEASE_MINIMUM_SECONDS = 20.0
 
 

@@ -33,6 +33,8 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
+import trio
+
 from tidings.actors.drain import Drain
 from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
 from tidings.actors.runtime import Runtime
@@ -56,6 +58,8 @@ FOLLOWUPS = "followups"
 STATUS_CALLBACK_PATH = "/providers/twilio/status"
 # The code of an attempt whose provider's answer could not be recorded.
 UNRECORDABLE = "unrecordable_answer"
+# The code of a message whose send began and whose answer was lost.
+ANSWER_LOST = "answer_lost"
 
 
 class SmsSide:
@@ -97,6 +101,11 @@ class SmsSide:
         processing = [] if sms.status != "queued" else [
             Report(sms.id, "processing", name, occurred_at=claimed_at)
         ]
+        if sms.send_begun_at is not None:
+            # Its send began and the answer was lost (the process stopped, or
+            # the provider did not answer in time): the provider may have
+            # texted the person, so it is never sent again.
+            return self._answer_lost(sms, name, processing, "the process sending it stopped")
         refusal = None
         if sms.opted_out:
             refusal = ("opted_out", "the recipient has opted out of messages from the team")
@@ -110,18 +119,42 @@ class SmsSide:
             message_id=sms.id, team_id=sms.team_id, to=sms.to_number, sender=sms.from_sender,
             body=sms.body, status_callback=self.status_callback,
         )
-        try:
-            result = await self.provider.send(outgoing)
-        except Exception as failure:  # a provider bug: retried, never a stuck message
-            log.exception("sending SMS %s failed unexpectedly", sms.id)
-            result = SmsResult(name, None, retry=Retry(
-                None, f"the provider failed: {type(failure).__name__}: {failure}"
-            ))
+        if self.provider.texts_people and not await self.db.run(
+            store.begin_send, sms.id, self.owner
+        ):
+            return store.Attempted(sms, name, None, [])  # no longer ours: nothing to record
+        # A send that takes longer than half the lease is given up, whatever
+        # the provider's own timeouts (they bound each read, not the whole
+        # answer), so its message is recorded before another process could
+        # take it up again.
+        seconds = self.config.sms_lease_seconds / 2
+        with trio.move_on_after(seconds) as deadline:
+            try:
+                result = await self.provider.send(outgoing)
+            except Exception as failure:  # a provider bug: retried, never a stuck message
+                log.exception("sending SMS %s failed unexpectedly", sms.id)
+                result = SmsResult(name, None, retry=Retry(
+                    None, f"the provider failed: {type(failure).__name__}: {failure}"
+                ))
+        if deadline.cancelled_caught:
+            return self._answer_lost(sms, name, processing,
+                                     f"the provider did not answer within {seconds:g} s")
         try:
             return self._finish(sms, result, list(processing))
         except Exception:  # one bad answer: this message alone, never the team's actor
             log.exception("SMS %s: the provider's answer could not be recorded", sms.id)
             return self._unrecordable(sms, result, processing)
+
+    def _answer_lost(
+        self, sms: store.Claimed, provider: str, processing: list[Report], why: str
+    ) -> store.Attempted:
+        """``unknown``: the provider may have taken the message (not sent again)."""
+        self.attempts["unknown"] += 1
+        log.warning("SMS %s: the answer to its send was lost (%s): unknown", sms.id, why)
+        lost = Report(sms.id, "unknown", provider, ANSWER_LOST,
+                      f"the answer to the send was lost ({why}); not sent again, which could "
+                      "text the person twice")
+        return store.Attempted(sms, provider, None, [*processing, lost])
 
     def _unrecordable(
         self, sms: store.Claimed, result: SmsResult, processing: list[Report]
@@ -170,8 +203,8 @@ class SmsSide:
 
 class SendJob:
     """What the actor of one team does with its leased messages. A send is
-    one HTTP request bounded by the provider's timeout, well within the
-    lease, so leases are not renewed."""
+    one HTTP request given up after half the lease (``SmsSide.attempt``),
+    so leases are not renewed."""
 
     def __init__(self, team_id: UUID, side: SmsSide) -> None:
         self._team_id = team_id

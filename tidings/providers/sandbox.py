@@ -162,6 +162,7 @@ class SandboxSms:
 
     name = NAME
     approves_sender_ids_instantly = True
+    texts_people = False  # a simulation: nothing reaches a phone
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._clock = clock or (lambda: datetime.now(UTC))

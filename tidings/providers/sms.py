@@ -115,13 +115,19 @@ class SmsProvider(Protocol):
         """True when every sender ID is approved at creation without asking."""
         ...
 
+    @property
+    def texts_people(self) -> bool:
+        """True when a send reaches a phone: a send whose answer is lost is
+        then never made again (``tidings.actors.sms``)."""
+        ...
+
     async def review_sender_id(self, value: str, type: SenderIdType) -> SenderIdDecision:
         """The decision on a new sender ID (Twilio: does the account own the number)."""
         ...
 
     async def send(self, sms: OutgoingSms) -> SmsResult:
         """Hand ``sms`` over. Cancelled midway, the provider may have taken it
-        without a result: a retry may send it twice."""
+        without a result: the caller must not send it again (``texts_people``)."""
         ...
 
     async def fetch(self, provider_message_id: str) -> SmsUpdate | None:

@@ -212,6 +212,7 @@ class TwilioSms:
 
     name = NAME
     approves_sender_ids_instantly = False
+    texts_people = True
 
     def __init__(self, client: httpx.AsyncClient, api_url: str, account_sid: str) -> None:
         self._client = client

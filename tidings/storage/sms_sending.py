@@ -40,6 +40,7 @@ LEASES = lease_sql(
     pending="t.next_attempt_at IS NOT NULL",
     claimed="""
 SELECT c.id, c.team_id, c.to_number, c.from_sender, c.body, c.status, c.attempt_count,
+       c.send_begun_at,
        EXISTS (SELECT 1 FROM sender_ids s WHERE s.team_id = c.team_id
                AND s.value = c.from_sender AND s.status = 'approved') AS sender_ok,
        EXISTS (SELECT 1 FROM suppressions s WHERE s.team_id = c.team_id
@@ -51,12 +52,20 @@ FROM claimed c
 """,
 )
 
+# A send begins ($1 the message, $2 the lease owner): marked before the
+# request, so that whoever takes the message up after a lost answer does not
+# send it again (migration 0025). Nothing when the lease is lost.
+BEGIN_SEND = """
+UPDATE sms_messages SET send_begun_at = now() WHERE id = $1 AND lease_owner = $2
+"""
+
 # $1 the lease owner; per message: id, the next attempt (NULL: done), provider.
 RECORD_ATTEMPTS = """
 UPDATE sms_messages t SET
     next_attempt_at = r.next_at,
     attempt_count = t.attempt_count + 1,
     provider = r.provider,
+    send_begun_at = NULL,
     lease_owner = NULL,
     leased_until = NULL,
     updated_at = now()
@@ -100,6 +109,8 @@ class Claimed:
     body: str
     status: str
     attempt_count: int
+    # Set: a send began and its answer was never recorded.
+    send_begun_at: datetime | None
     # Whether the sender ID is still approved, and the number not opted out.
     sender_ok: bool
     opted_out: bool
@@ -150,6 +161,11 @@ async def claim(
     if len(claimed) < limit:
         next_in = await conn.fetchval(LEASES.seconds_to_next_due, team_id)
     return claimed, next_in
+
+
+async def begin_send(conn: Connection, sms_id: UUID, owner: UUID) -> bool:
+    """Mark the send of ``sms_id`` begun; False if its lease is no longer ``owner``'s."""
+    return str(await conn.execute(BEGIN_SEND, sms_id, owner)) == "UPDATE 1"
 
 
 async def release(conn: Connection, ids: Sequence[UUID], owner: UUID) -> None:
