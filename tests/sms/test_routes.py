@@ -63,6 +63,8 @@ async def test_segments_follow_the_encoding(sms_client: httpx.AsyncClient) -> No
         ({"to": NUMBER, "from": "Acme", "body": "x", "scheduled_at": "2999-01-01T00:00:00"}, 400),
         ({"to": NUMBER, "from": "Nobody", "body": "x"}, 422),
         ({"to": NUMBER, "from": "Acme", "body": "x", "extra": 1}, 400),
+        # The search column's field separator: such a body could not be found.
+        ({"to": NUMBER, "from": "Acme", "body": "z\u001fq"}, 400),
     ],
 )
 async def test_bad_sends(sms_client: httpx.AsyncClient, body: dict[str, Any], status: int) -> None:

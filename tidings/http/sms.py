@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from tidings.fields import FieldError
 from tidings.http.emails_input import InputError, check_schedule
@@ -27,6 +27,7 @@ from tidings.phones import parse_phone
 from tidings.sms_encoding import Encoding, encode
 from tidings.storage import sms as store
 from tidings.storage.connection import Connection
+from tidings.storage.sms_list import SEPARATOR
 
 routes = Routes("SMS", storage_units=True)
 
@@ -47,6 +48,15 @@ class SendSms(RequestBody):
     metadata: dict[str, Any] | None = Field(
         None, max_length=MAX_METADATA_KEYS, description="Free-form; returned as given"
     )
+
+    @field_validator("body")
+    @classmethod
+    def _searchable(cls, value: str) -> str:
+        # The search column keeps the fields apart with it (storage.sms_list):
+        # a body holding one could never be found by what it holds.
+        if SEPARATOR in value:
+            raise ValueError("U+001F (the unit separator) is not allowed in a text message")
+        return value
 
 
 class Preview(BaseModel):
