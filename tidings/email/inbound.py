@@ -12,6 +12,7 @@ recipient, so a recipient who knows its own cannot report for another.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -34,11 +35,36 @@ class Handled:
 def _folded(address: str) -> str | None:
     """``address`` as acceptance normalises it (the domain in one form whether
     given as A-labels or U-labels), folded for comparison; None when it is no
-    address."""
-    try:
-        return normalize_address(address).lower()
-    except FieldError:
-        return None
+    address. A report may name the mailbox in spellings acceptance refuses
+    and RFC 5321 holds to be the same: a domain ending in a dot (the root),
+    a local part in quotes that needs none (``"ada"@example.org``)."""
+    for spelling in _spellings(address):
+        try:
+            return normalize_address(spelling).lower()
+        except FieldError:
+            continue
+    return None
+
+
+def _spellings(address: str) -> list[str]:
+    local, at, domain = address.rpartition("@")
+    if not at:
+        return [address]
+    if domain.endswith(".") and not domain.endswith(".."):
+        domain = domain[:-1]
+    if len(local) >= 2 and local[0] == local[-1] == '"':
+        local = re.sub(r"\\(.)", r"\1", local[1:-1])
+    return [address, f"{local}@{domain}"]
+
+
+def _message_ids(report: Report, came_back_to: tuple[BounceAddress, ...]) -> list[str]:
+    """The Message-IDs of the email ``report`` may be about: the original's, as
+    the report gives it, then those the bounce addresses it came back to stand
+    for (a relay may have written its own Message-ID on the original; the
+    bounce address still names the email, and vouches for its recipient)."""
+    ids = [report.original_message_id] if report.original_message_id else []
+    ids += [f"<{a.email_id}@{a.domain}>" for a in came_back_to]
+    return list(dict.fromkeys(ids))
 
 
 def _recipients(email: SentEmail) -> dict[str, str]:
@@ -67,12 +93,15 @@ async def record_report(conn: Any, raw: bytes, key: BounceKey) -> list[Handled]:
     parsed = parse_reports(raw)
     reports = parsed.reports
     emails: dict[str, tuple[SentEmail, dict[str, str]] | None] = {}
-    for message_id in {r.original_message_id for r in reports if r.original_message_id}:
-        email = await sent_email(conn, message_id)
-        emails[message_id] = None if email is None else (email, _recipients(email))
     outcomes: list[Outcome | None] = []
     for report in reports:
-        found = emails.get(report.original_message_id or "")
+        found = None
+        for message_id in _message_ids(report, parsed.bounce_addresses):
+            if message_id not in emails:
+                email = await sent_email(conn, message_id)
+                emails[message_id] = None if email is None else (email, _recipients(email))
+            if (found := emails[message_id]) is not None:
+                break
         folded = _folded(report.recipient)
         recipient = None if found is None or folded is None else found[1].get(folded)
         if found is not None and recipient is not None and not _vouched(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import email
 import email.policy
+import re
 from dataclasses import dataclass
 from email.header import Header, decode_header
 from email.message import Message
@@ -145,13 +146,21 @@ def _machine_part(report: Message, kind: str) -> list[Message]:
     return []
 
 
+# A msg-id (RFC 5322 §3.6.4): what is between the angle brackets, without
+# the comments and folding that may surround it.
+_MSG_ID = re.compile(r"<[^<>\s]+>")
+
+
 def _message_id(headers: Message | None) -> str | None:
+    """The original's Message-ID, as Tidings writes them (lowercase: the
+    email's id and its domain), whatever case or comments a relay gave it."""
     if headers is None:
         return None
     value = _field(headers.get("Message-ID"))
     if value is None or "\x00" in value:
         return None
-    return _text(value)
+    found = _MSG_ID.search(value)
+    return found.group(0).lower() if found else _text(value)
 
 
 # Where an MTA names the address a message was delivered to: the report's
