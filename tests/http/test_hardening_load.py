@@ -188,6 +188,36 @@ async def test_requests_beyond_the_storage_bound_are_shed_at_once(
         assert (await client.get("/contacts")).status_code == 200
 
 
+async def test_a_get_counts_against_storage_whatever_body_it_announces(
+    database_url: str, acme: Credential
+) -> None:
+    """A GET is served without waiting for a body it announces: it takes its
+    storage place at once, as one without a body does, so the bound holds."""
+    async with shedding_service(
+        database_url, acme, db_pool_size=2, max_db_waiters=1, max_in_flight=50
+    ) as (service, shedder, client):
+        host, port = client.base_url.host, client.base_url.port
+        assert port is not None
+        streams: list[trio.SocketStream] = []
+        async with held_pool(service):
+            for _ in range(3):  # the pool's 2 and 1 waiter, each announcing a body
+                stream = await trio.open_tcp_stream(host, port)
+                await stream.send_all(
+                    f"GET /contacts HTTP/1.1\r\nHost: {host}\r\nAuthorization: "
+                    f"Bearer {acme.secret}\r\nContent-Length: 5\r\n\r\n".encode()
+                )
+                streams.append(stream)
+            await wait_for(lambda: shedder.in_flight == 3)
+            assert shedder.storage_in_flight == 3
+            with trio.fail_after(PROBE_SECONDS):
+                shed = await client.get("/contacts")
+            assert_error(shed, 503, "SERVICE_UNAVAILABLE")
+        for stream in streams:
+            with trio.fail_after(10):
+                assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
+            await stream.aclose()
+
+
 async def test_requests_beyond_the_in_flight_bound_are_shed(
     database_url: str, acme: Credential
 ) -> None:

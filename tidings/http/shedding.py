@@ -27,11 +27,14 @@ A request that carries both ``Content-Length`` and ``Transfer-Encoding`` is
 answered 400 and its connection closed (RFC 9112 §6.1): read one way by a
 proxy in front and the other way here, its body could hide a second request.
 
-A request stops counting when the last message of its response is sent, not
-when its task ends: the client may send its next request on the connection
-as soon as it has the answer, and that request must not find the slot of
-the one before still taken (under load, it did, and kept-alive clients were
-shed well below the bounds).
+A request stops counting when its response starts, not when its task ends:
+the client may send its next request on the connection as soon as it has
+the answer, and that request must not find the slot of the one before
+still taken (under load, it did, and kept-alive clients were shed well
+below the bounds); and the answer's own sending may wait, for the rest of a
+body it did not need (up to 2 s, ``tidings.http.connection``), which is no
+work of the process's and must hold no place (clients that announce a body
+and never send it would otherwise take every place, without a token).
 
 Single-threaded trio makes the counters safe without locks.
 """
@@ -47,6 +50,7 @@ from hypercorn.typing import ASGISendCallable as Send
 from hypercorn.typing import HTTPScope, Scope
 
 from tidings.http.envelope import error_body
+from tidings.http.routing import MUTATING
 from tidings.logging_setup import choose_request_id
 
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -117,8 +121,12 @@ class Shedder:
             return
         self.in_flight += 1
         counted = True
-        # A request with a body takes its storage place once the body is in.
-        holds_storage = storage and not chunked and not length
+        # A request with a body takes its storage place once the body is in;
+        # one whose body no route reads (a GET's) at once, whatever it
+        # announces: it is served without waiting for that body.
+        holds_storage = storage and (
+            scope["method"] not in MUTATING or (not chunked and not length)
+        )
         self.storage_in_flight += holds_storage
 
         def release() -> None:
@@ -139,7 +147,12 @@ class Shedder:
             return message
 
         async def sending(message: Any) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
+            # Its answer is decided: the request no longer counts, before the
+            # answer goes out. Sending may wait (for the rest of a body the
+            # answer did not need, tidings.http.connection, up to 2 s; for a
+            # slow reader), and a place held meanwhile would let clients that
+            # never send their body take every place without a valid token.
+            if message["type"] == "http.response.start":
                 release()
             await send(message)
 

@@ -1,0 +1,52 @@
+"""What holds a place among the requests in flight: work, not the wait for
+the rest of a body an answer did not need."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+from tidings.config import Config
+
+
+@pytest.fixture
+def config(database_url: str) -> Config:
+    return Config(database_url=database_url, rate_limit_per_second=0, max_in_flight=4,
+                  db_pool_size=2, shutdown_grace_seconds=2)
+
+
+async def _head(stream: trio.SocketStream) -> bytes:
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
+async def test_answers_waiting_for_a_body_they_did_not_need_hold_no_place(
+    base_url: str, client: httpx.AsyncClient
+) -> None:
+    """Twice as many clients as there are places announce a body, send none,
+    and are answered 401 (their token is no token): while those answers wait
+    for the bodies (up to 2 s, so that a body on its way keeps the
+    connection), a team's request is served, not shed."""
+    host, port = base_url.removeprefix("http://").rsplit(":", 1)
+    streams = []
+    for _ in range(8):
+        stream = await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(
+            b"POST /contacts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer svc_team_bogus\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        streams.append(stream)
+    await trio.sleep(0.5)
+    with trio.fail_after(1):  # well within the 2 s the answers above wait
+        listed = await client.get("/contacts")
+    assert listed.status_code == 200, listed.text
+    for stream in streams:
+        with trio.fail_after(5):
+            assert (await _head(stream)).startswith(b"HTTP/1.1 401 ")
+        await stream.aclose()
