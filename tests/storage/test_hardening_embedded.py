@@ -82,3 +82,31 @@ def test_only_dead_users_are_forgotten(tmp_path: Path) -> None:
     assert forget_dead_users(pgdata) == [dead.pid]
     assert json.loads((pgdata / HANDLE_LIST).read_text()) == [os.getpid()]
     assert forget_dead_users(tmp_path / "missing") == []
+
+
+def test_a_lock_file_whose_pid_is_another_process_now_is_stale(tmp_path: Path) -> None:
+    """After a reboot the pid in postmaster.pid may name another process:
+    the next start removes the stale file and starts the server, and leaves
+    that process alone (pgserver would take it for the server, and stop it)."""
+    data_dir = tmp_path / "data"
+    first = start_user(data_dir)
+    lock = (data_dir / "pg" / "postmaster.pid").read_text()
+    server = postmaster_pid(data_dir)
+    assert server is not None
+    first.communicate("\n", timeout=30)
+    assert wait_gone(server, within=10)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        # The server started an hour ago (before the reboot); its pid is the other's now.
+        lines = lock.splitlines()
+        lines[0], lines[2] = str(other.pid), str(int(time.time()) - 3600)
+        (data_dir / "pg" / "postmaster.pid").write_text("\n".join(lines) + "\n")
+        user = start_user(data_dir)
+        started = postmaster_pid(data_dir)
+        assert started not in (None, other.pid) and process_exists(started)
+        user.communicate("\n", timeout=30)
+        assert started is not None and wait_gone(started, within=10)
+        assert other.poll() is None, "the process that took the pid was stopped"
+    finally:
+        other.kill()
+        other.wait()

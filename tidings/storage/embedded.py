@@ -34,6 +34,7 @@ def start_embedded(data_dir: Path) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = pgdata_of(data_dir)
     forget_dead_users(pgdata)
+    remove_stale_lock(pgdata)
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
     if pgdata not in _pruned_at_exit:
         # atexit runs the last registered first: before pgserver's own exit,
@@ -93,6 +94,41 @@ def process_exists(pid: int) -> bool:
 
 
 
+def remove_stale_lock(pgdata: Path) -> bool:
+    """Remove ``postmaster.pid`` when the process its pid now names is not
+    the server that wrote it (a pid used again after a reboot, a container
+    restart); whether it did.
+
+    pgserver takes any live process with that pid for the server: it would
+    connect to no server, fail, and on exit stop that process, whatever it
+    is (another program, this very process). The server is the process
+    started when the file says; PostgreSQL itself treats such a file as
+    stale. Under pgserver's lock, as its own changes are."""
+    import psutil
+    from pgserver.postgres_server import PostgresServer
+    from pgserver.utils import PostmasterInfo
+
+    with PostgresServer._lock:
+        try:
+            info = PostmasterInfo.read_from_pgdata(pgdata)
+            if info is None or info.process is None:
+                return False
+            started = info.process.create_time()
+        except (OSError, ValueError, AssertionError, psutil.Error):
+            return False  # unreadable or gone meanwhile: PostgreSQL decides
+        if abs(started - info.start_time.timestamp()) <= LOCK_START_SLACK_SECONDS:
+            return False
+        (pgdata / "postmaster.pid").unlink(missing_ok=True)
+    log.warning("removed the stale lock file of the embedded PostgreSQL in %s: its pid %d "
+                "is another process now", pgdata, info.pid)
+    return True
+
+
+# How far apart the server's start in postmaster.pid (whole seconds) and its
+# process's own start may be.
+LOCK_START_SLACK_SECONDS = 2.0
+
+
 def pgdata_of(data_dir: Path) -> Path:
     return data_dir.resolve() / "pg"
 
@@ -107,6 +143,7 @@ def revive_embedded(data_dir: Path) -> bool:
     server = PostgresServer._instances.get(pgdata)
     if server is None:
         return False
+    remove_stale_lock(pgdata)
     with PostgresServer._lock:
         info = PostmasterInfo.read_from_pgdata(pgdata)
         if info is not None and info.is_running():
