@@ -48,7 +48,8 @@ import triopg
 from tidings.config import Config
 from tidings.metrics import MULTIPROC_ENV
 from tidings.sealing import HANDED_KEY_ENV, load_key
-from tidings.storage.db import open_asyncio_bridge, resolve_url
+from tidings.storage.db import WATCH_SECONDS, open_asyncio_bridge, resolve_url
+from tidings.storage.embedded import revive_embedded
 
 log = logging.getLogger("tidings")
 
@@ -296,7 +297,11 @@ def _serve(
     stop_seconds = config.shutdown_grace_seconds + STOP_MARGIN_SECONDS
     log.info("started %d workers: %s", count, ", ".join(str(w.pid) for w in workers))
     restarts: list[float] = []
+    watched = time.monotonic()
     while True:
+        if config.database_url is None and time.monotonic() - watched >= WATCH_SECONDS:
+            watched = time.monotonic()
+            _keep_embedded_running(config.data_dir)
         if received:
             log.info("%s received: stopping %d workers", signal.Signals(received[0]).name,
                      count)
@@ -317,6 +322,16 @@ def _serve(
             log.error("worker %d exited with %d: started worker %d in its place", worker.pid,
                       worker.returncode, workers[index].pid)
         time.sleep(0.2)  # a signal runs ``note``; the next turn sees it
+
+
+def _keep_embedded_running(data_dir: Path) -> None:
+    """The workers reach the embedded server by its URL and do not watch it
+    (``tidings.storage.db.watch_embedded``): the parent does, as one process
+    watches its own."""
+    try:
+        revive_embedded(data_dir)
+    except Exception:  # a start that failed: logged, and tried again
+        log.exception("the embedded PostgreSQL in %s could not be started again", data_dir)
 
 
 async def watch_parent(stop: trio.Event) -> None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.storage.test_hardening_embedded import postmaster_pid, wait_gone
 from tidings.storage.embedded import process_exists
@@ -41,12 +42,15 @@ def wait_until(check: object, within: float) -> bool:
     return False
 
 
-def test_a_stopped_embedded_server_is_started_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]])
+def test_a_stopped_embedded_server_is_started_again(tmp_path: Path, workers: list[str]) -> None:
+    """By the one process, or by the parent of a set (its workers reach the
+    server by its URL)."""
     data_dir, port = tmp_path / "data", free_port()
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     log = tmp_path / "serve.log"  # a file: a pipe nobody reads would fill and block the service
     service = subprocess.Popen(
-        [sys.executable, "-m", "tidings", "serve", "--port", str(port)],
+        [sys.executable, "-m", "tidings", "serve", "--port", str(port), *workers],
         env={**env, "TIDINGS_DATA_DIR": str(data_dir), "PYTHONPATH": os.getcwd()},
         stdout=subprocess.DEVNULL, stderr=log.open("w"),
     )

@@ -5,8 +5,10 @@ the last of them exits. A process killed with ``kill -9`` never leaves
 pgserver's list of users, so each process forgets the dead ones when it
 starts and when it exits. A server that stops under the processes using it
 (killed, out of memory) is started again by ``tidings.storage.db.watch_embedded``,
-which each of them runs: the first to see it gone starts it, under pgserver's
-lock, and the pools reconnect to the same socket.
+which each of them runs (for the workers of ``tidings serve --workers N``,
+which reach it by its URL, their parent does: ``tidings.workers``): the
+first to see it gone starts it, under pgserver's lock, and the pools
+reconnect to the same socket.
 """
 
 from __future__ import annotations
