@@ -289,3 +289,19 @@ def test_a_port_in_use_is_one_line_naming_the_port(tmp_path: Path) -> None:
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert line == f"tidings: cannot listen on 127.0.0.1:{port}: Address already in use", line
+
+
+def test_a_closed_output_is_said_so_not_taken_for_a_database_failure(tmp_path: Path) -> None:
+    """``tidings tokens create | true``: what would read the line has gone."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tidings", "tokens", "create", "--team", "piped"],
+            env=environment(tmp_path, {}), cwd=tmp_path, stdout=write_end,
+            stderr=subprocess.PIPE, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "tidings: the output was closed before it was all written"
