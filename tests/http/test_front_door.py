@@ -4,6 +4,7 @@ shedder and the connection wrapper keep kept-alive clients from waiting."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import MutableMapping
 from typing import Any
 from uuid import UUID
@@ -215,8 +216,9 @@ async def test_an_answer_that_closes_the_connection_does_not_wait_for_the_body(
 
 
 async def test_a_client_that_leaves_cancels_its_request(
-    service: Service, acme: Credential
+    service: Service, acme: Credential, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="tidings.access")
     door = front_door_of(service)
     auth = ("Authorization", f"Bearer {acme.secret}")
     # The token known (its first request looks it up on its own): the unit below
@@ -256,3 +258,6 @@ async def test_a_client_that_leaves_cancels_its_request(
         del service.db.run
     assert cancelled.is_set()
     assert sent == []
+    # Not answered, but logged: 499, as a request its client closed.
+    assert [(r.route, r.status) for r in caplog.records  # type: ignore[attr-defined]
+            if r.name == "tidings.access"][-1] == ("/contacts", 499)

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
@@ -152,8 +153,9 @@ async def wait_for(condition: Any) -> None:
 
 
 async def test_requests_beyond_the_storage_bound_are_shed_at_once(
-    database_url: str, acme: Credential
+    database_url: str, acme: Credential, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="tidings.access")
     async with shedding_service(
         database_url, acme, db_pool_size=2, max_db_waiters=1, max_in_flight=50
     ) as (service, shedder, client):
@@ -177,6 +179,10 @@ async def test_requests_beyond_the_storage_bound_are_shed_at_once(
                 assert shed.headers["retry-after"] == "1"
                 assert shed.headers["connection"] == "close"
                 assert shed.headers["x-request-id"] == "mine-1"  # as every response
+                # And its access line, as every request's.
+                [line] = [r for r in caplog.records if r.name == "tidings.access"
+                          and getattr(r, "request_id", None) == "mine-1"]
+                assert (line.route, line.status) == ("(shed)", 503)  # type: ignore[attr-defined]
                 assert (live.status_code, ready.status_code, metrics.status_code) == (
                     200, 200, 200
                 )
@@ -299,7 +305,9 @@ async def test_one_team_holds_at_most_half_the_places_with_bodies_still_arriving
                 started = trio.Event()
                 nursery.start_soon(_slow_upload, host, port, acme.secret, started, path)
                 await started.wait()
-            await wait_for(lambda: shedder.in_flight == 4)
+            # Each admitted (its token looked up) and receiving its body.
+            uploads = shedder.app._limiter.uploads  # type: ignore[attr-defined]
+            await wait_for(lambda: uploads.count(acme.team_id) == 4)
             with trio.fail_after(PROBE_SECONDS):
                 refused = [await client.post(path, json={"email": "late@example.com"})
                            for path in ("/contacts", "/broadcasts")]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 
@@ -84,9 +86,17 @@ async def test_a_malformed_header_line_is_400_with_the_envelope(base_url: str) -
     assert_envelope(*await exchange(base_url, request), expected=400)
 
 
-async def test_a_malformed_request_line_is_400_with_the_envelope(base_url: str) -> None:
+async def test_a_malformed_request_line_is_400_with_the_envelope(
+    base_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tidings.access")
     for request in (b"GARBAGE\r\n\r\n", b"GET /a b c HTTP/1.1\r\n\r\n", b"\x00\x01\x02\r\n\r\n"):
-        assert_envelope(*await exchange(base_url, request), expected=400)
+        status, headers, body = await exchange(base_url, request)
+        assert_envelope(status, headers, body, expected=400)
+        # Logged as every request is, under the id its answer carries.
+        [line] = [r for r in caplog.records if r.name == "tidings.access"
+                  and getattr(r, "request_id", None) == headers["x-request-id"]]
+        assert (line.route, line.status) == ("(unread)", 400)  # type: ignore[attr-defined]
 
 
 async def test_a_malformed_request_after_a_good_one_on_the_same_connection(

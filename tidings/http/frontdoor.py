@@ -66,6 +66,8 @@ Send = Callable[[Message], Awaitable[None]]
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
 
 JSON_TYPE = (b"content-type", b"application/json")
+# The status a request whose client left before its answer is logged with.
+CLIENT_GONE = 499
 INTERNAL = error_body("INTERNAL_ERROR", "internal error; the details are in the server log")
 KEY_HEADER = IDEMPOTENCY_HEADER.lower().encode()
 
@@ -221,6 +223,12 @@ class FrontDoor:
             call.committed()
             answer = self._answer(status, body, headers)
         except _Gone:
+            # No answer: the client has gone. Logged and counted as 499, as
+            # nginx names a request its client closed.
+            elapsed = time.perf_counter() - started
+            self._service.metrics.observe(method, route.path, CLIENT_GONE, elapsed)
+            team_id = exchange.admitted[0] if exchange.admitted else None
+            log_access(method, route.path, CLIENT_GONE, elapsed, team_id, rid)
             return
         except Exception as error:  # noqa: BLE001 - every error becomes an envelope
             answer = self._error(error, method, scope["path"], exchange.limit)

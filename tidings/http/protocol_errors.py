@@ -21,7 +21,7 @@ from hypercorn.events import Closed
 from hypercorn.protocol.h11 import H11Protocol
 
 from tidings.http.envelope import error_body
-from tidings.logging_setup import choose_request_id
+from tidings.logging_setup import choose_request_id, log_access
 
 MESSAGES = {
     400: "the request is not valid HTTP/1.1: a malformed request line or header line, "
@@ -140,13 +140,15 @@ class EnvelopeH11Protocol(H11Protocol):
             "INTERNAL_ERROR" if status_code >= 500 and status_code != 501 else "BAD_REQUEST",
             message.format(limit=self.config.h11_max_incomplete_size),
         )
+        rid = choose_request_id(None)
+        log_access("-", "(unread)", status_code, 0.0, None, rid)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
             # As every response; the request's own id is not read from a
             # request that could not be read.
-            (b"x-request-id", choose_request_id(None).encode()),
+            (b"x-request-id", rid.encode()),
         ]
         await self._send_h11_event(
             h11.Response(

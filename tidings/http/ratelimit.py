@@ -32,6 +32,10 @@ class UploadLimit:
         self.per_team = per_team
         self._receiving: dict[UUID, int] = {}
 
+    def count(self, team_id: UUID) -> int:
+        """The team's requests receiving their body now."""
+        return self._receiving.get(team_id, 0)
+
     @contextmanager
     def receiving(self, team_id: UUID) -> Iterator[None]:
         count = self._receiving.get(team_id, 0)

@@ -51,7 +51,7 @@ from hypercorn.typing import HTTPScope, Scope
 
 from tidings.http.envelope import error_body
 from tidings.http.routing import MUTATING
-from tidings.logging_setup import choose_request_id
+from tidings.logging_setup import choose_request_id, log_access
 
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -108,7 +108,7 @@ class Shedder:
             with trio.move_on_after(DRAIN_SECONDS):
                 while (await receive()).get("more_body", False):
                     pass
-            await self._answer(scope, send, 400, self._ambiguous)
+            await self._answer(scope, send, 400, self._ambiguous, route="(ambiguous)")
             return
         if path in PROBES:
             await self.app(scope, receive, send)
@@ -165,15 +165,19 @@ class Shedder:
         """503 without reading the body, and the connection closed."""
         self.shed_total += 1
         self._on_shed(scope["method"])
-        await self._answer(scope, send, 503, self._refusal, retry=True)
+        await self._answer(scope, send, 503, self._refusal, retry=True, route="(shed)")
 
     async def _answer(
-        self, scope: HTTPScope, send: Send, status: int, body: bytes, *, retry: bool = False
+        self, scope: HTTPScope, send: Send, status: int, body: bytes, *, retry: bool = False,
+        route: str,
     ) -> None:
-        """An error envelope, and the connection closed."""
+        """An error envelope, and the connection closed; its access log line
+        names ``route`` for the route it never reached."""
+        rid = choose_request_id(_request_id_sent(scope))
+        log_access(scope["method"], route, status, 0.0, None, rid)
         headers = [
             # As every response: the client's request id when sane, else a new one.
-            (b"x-request-id", choose_request_id(_request_id_sent(scope)).encode()),
+            (b"x-request-id", rid.encode()),
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             # After a refusal a client that would resend at once must connect
