@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from uuid import UUID
 
+import trio
+
 from tidings.storage.tokens import Token
 
 DEFAULT_TTL_SECONDS = 60.0
@@ -18,8 +20,12 @@ MAX_ENTRIES = 10_000
 
 
 class TokenCache:
-    def __init__(self, ttl: float = DEFAULT_TTL_SECONDS) -> None:
+    def __init__(self, ttl: float = DEFAULT_TTL_SECONDS, lookups: int = 1) -> None:
         self.ttl = ttl
+        # Lookups of tokens the cache does not know, at once: at most this
+        # many pooled connections, however many requests bring tokens that
+        # are no tokens (each looked up, none cached) before their body.
+        self.lookups = trio.CapacityLimiter(lookups)
         self.live = False
         # Moves on at every revocation: a lookup that began before one may
         # have read the token before it was revoked, so it is not cached.

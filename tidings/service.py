@@ -76,7 +76,7 @@ def start_actors(
     their first message comes; due work starts its dispatcher here and its
     owner actors when woken. A new group adds its lines here.
     """
-    tokens = TokenCache()
+    tokens = TokenCache(lookups=max(1, config.db_pool_size // 2))  # half the pool at most
     runtime.singleton("revocations", lambda: RevocationListener(db.url, tokens).run())
     idempotency = start_idempotency(runtime, db, config)
     guard = Guard(allow_private=config.webhook_allow_private_urls, resolve=resolve)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import httpx
 import trio
@@ -73,3 +74,41 @@ def _hash(credential: Credential) -> bytes:
     from tidings.storage.tokens import hash_secret
 
     return hash_secret(credential.secret)
+
+
+async def test_lookups_of_unknown_tokens_take_at_most_half_the_pool(
+    base_url: str, service: Service
+) -> None:
+    """Tokens that are no tokens are each looked up (none is cached): however
+    many arrive at once, they hold at most half the pool's connections."""
+    run = service.db.run
+    looking = most = 0
+
+    async def watched(unit: Any, *args: Any) -> Any:
+        nonlocal looking, most
+        if unit.__name__ != "find_by_hash":
+            return await run(unit, *args)
+        looking += 1
+        most = max(most, looking)
+        try:
+            await trio.sleep(0.1)  # a slow database
+            return await run(unit, *args)
+        finally:
+            looking -= 1
+
+    service.db.run = watched  # type: ignore[method-assign]
+    try:
+        async with httpx.AsyncClient(base_url=base_url) as client, trio.open_nursery() as nursery:
+            answers: list[int] = []
+
+            async def bogus(n: int) -> None:
+                response = await client.get(
+                    "/contacts", headers={"Authorization": f"Bearer svc_team_bogus{n}"})
+                answers.append(response.status_code)
+
+            for n in range(12):
+                nursery.start_soon(bogus, n)
+    finally:
+        del service.db.run
+    assert answers == [401] * 12
+    assert most == max(1, service.config.db_pool_size // 2)

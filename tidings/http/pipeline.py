@@ -143,8 +143,9 @@ async def admission(
     if secret_hash is not None:
         token = service.tokens.get(secret_hash)
         if token is None:
-            version = service.tokens.version
-            token = await service.db.run(token_store.find_by_hash, secret_hash)
+            async with service.tokens.lookups:
+                version = service.tokens.version
+                token = await service.db.run(token_store.find_by_hash, secret_hash)
             if token is not None:
                 service.tokens.put(secret_hash, token, version)
     return admit(route, token, rate_limiter, seen)
