@@ -387,9 +387,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if exits:
             raise exits[0] from None
         if any(isinstance(leaf, BrokenPipeError) for leaf in _leaves(error)):
-            # Whatever read the output has gone (``| head``): no database
-            # failure. What is left unwritten goes nowhere, not to a
-            # second error when Python flushes at exit.
+            # The reader has gone (``| head``): what is left goes nowhere.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit("tidings: the output was closed before it was all written") from None
         busy = listen_failure(error) if args.command == "serve" else None
