@@ -387,8 +387,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if exits:
             raise exits[0] from None
         if any(isinstance(leaf, BrokenPipeError) for leaf in _leaves(error)):
-            # The reader has gone (``| head``): what is left goes nowhere.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # `| head` left
             raise SystemExit("tidings: the output was closed before it was all written") from None
         busy = listen_failure(error) if args.command == "serve" else None
         if busy is not None:
