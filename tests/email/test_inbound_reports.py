@@ -23,12 +23,17 @@ SECRET = "reports-secret-1"
 REPORTS = Path(__file__).parent / "reports"
 
 
-@pytest.fixture
-def config(database_url: str) -> Config:
+def reports_config(database_url: str) -> Config:
+    """A service that takes reports (with ``SECRET``) and sends in the sandbox."""
     return Config(
         database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
         shutdown_grace_seconds=2, email_poll_seconds=0.2, reports_secret=SECRET,
     )
+
+
+@pytest.fixture
+def config(database_url: str) -> Config:
+    return reports_config(database_url)
 
 
 async def delivered_email(

@@ -13,9 +13,9 @@ from tests.email.helpers import events, ok
 from tests.email.test_inbound_reports import (
     REPORTS,
     SAMPLE_RETURN_PATH,
-    SECRET,
     delivered_email,
     post_report,
+    reports_config,
     suppressions,
 )
 from tidings.config import Config
@@ -24,10 +24,7 @@ from tidings.service import Service
 
 @pytest.fixture
 def config(database_url: str) -> Config:
-    return Config(
-        database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
-        shutdown_grace_seconds=2, email_poll_seconds=0.2, reports_secret=SECRET,
-    )
+    return reports_config(database_url)
 
 
 async def two_recipients(
