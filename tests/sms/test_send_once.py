@@ -13,11 +13,13 @@ import pytest
 import trio
 
 from tests.sms.helpers import ok, send, settled
-from tests.sms.twilio_double import TwilioDouble, twilio_config
+from tests.sms.twilio_double import AUTH_TOKEN, TwilioDouble, twilio_config
 from tidings.config import Config
+from tidings.providers.twilio import signature
 from tidings.service import Service
 
 PUBLIC = "https://tidings.example"
+STATUS = "/providers/twilio/status"
 SENDER = "+14155550100"
 LEASE = 2.0  # a send is given up after half of it
 
@@ -55,7 +57,7 @@ async def test_a_send_answered_and_recorded_leaves_no_mark(
 
 
 async def test_an_answer_slower_than_half_the_lease_is_unknown_and_not_sent_again(
-    client: httpx.AsyncClient, double: TwilioDouble
+    client: httpx.AsyncClient, http: httpx.AsyncClient, double: TwilioDouble
 ) -> None:
     async def slow(_sid: str) -> None:
         await trio.sleep(LEASE * 1.5)  # past the lease: another claim could come
@@ -68,6 +70,20 @@ async def test_an_answer_slower_than_half_the_lease_is_unknown_and_not_sent_agai
     await trio.sleep(LEASE * 2)  # the lease is long gone: nothing takes it up again
     assert len(double.sends) == 1
     assert ok(await client.get(f"/sms/{sms['id']}"))["last_event"] == "unknown"
+
+    # Twilio took it: its callbacks name the message in their signed URL, so
+    # they find it without the SID the lost answer carried.
+    [(_at, form)] = double.sends
+    [sid] = double.messages
+    callback = form["StatusCallback"]
+    assert callback == f"{PUBLIC}{STATUS}?sms={sms['id']}"
+    for status in ("sent", "delivered"):
+        params = {"MessageSid": sid, "MessageStatus": status}
+        answer = await http.post(callback.removeprefix(PUBLIC), data=params, headers={
+            "X-Twilio-Signature": signature(AUTH_TOKEN, callback, params.items())})
+        assert answer.status_code == 200, answer.text
+    found = ok(await client.get(f"/sms/{sms['id']}"))
+    assert (found["last_event"], found["message_id"]) == ("delivered", sid)
 
 
 async def test_a_send_begun_by_a_process_that_stopped_is_not_made_again(

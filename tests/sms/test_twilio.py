@@ -93,7 +93,7 @@ async def test_send_posts_the_form_with_basic_auth_and_the_status_callback(
     assert sms["message_id"] in double.messages
     (_at, form), = double.sends
     assert form == {"To": NUMBER, "From": "+14155550100", "Body": "Hi €",
-                    "StatusCallback": PUBLIC + STATUS}
+                    "StatusCallback": f"{PUBLIC}{STATUS}?sms={sms['id']}"}
     assert [t.removeprefix("message.") for t in await event_types(client, sms["id"])] == [
         "queued", "processing", "submitted",
     ]

@@ -83,6 +83,13 @@ class SmsSide:
             return None
         return self.config.public_url + STATUS_CALLBACK_PATH
 
+    def callback_for(self, sms_id: UUID) -> str | None:
+        """The status callback of one message: it names the message, so that
+        its statuses find it even when the answer with its provider id was
+        lost (``answer_lost``). Signed by the provider with the rest of the URL."""
+        base = self.status_callback
+        return None if base is None else f"{base}?sms={sms_id}"
+
     def retry_at(self, attempt: int, now: datetime, at_least: timedelta | None) -> datetime | None:
         """When attempt ``attempt`` (from 1) is followed by another; None: it was the last."""
         schedule = self.config.sms_retry_schedule
@@ -117,7 +124,7 @@ class SmsSide:
             return store.Attempted(sms, name, None, [*processing, failed])
         outgoing = OutgoingSms(
             message_id=sms.id, team_id=sms.team_id, to=sms.to_number, sender=sms.from_sender,
-            body=sms.body, status_callback=self.status_callback,
+            body=sms.body, status_callback=self.callback_for(sms.id),
         )
         if self.provider.texts_people and not await self.db.run(
             store.begin_send, sms.id, self.owner

@@ -7,7 +7,8 @@ keyed with ``TWILIO_AUTH_TOKEN``), else 403.
 * ``POST /providers/twilio/status``: ``MessageSid`` and ``MessageStatus``
   (with ``ErrorCode``) move the message, forward only. A callback that comes
   before the send worker has stored the message's SID is kept (``kept``:
-  true) and applied once the SID is stored.
+  true) and applied once the SID is stored; one whose URL names a message
+  without a SID (``?sms=``: its answer lost) gives it that SID.
 * ``POST /providers/twilio/inbound``: a reply ``From`` a number ``To`` a
   sender ID. STOP and its kin opt the number out for every team whose
   approved sender ID it is, START and its kin opt it back in, HELP and
@@ -17,6 +18,7 @@ keyed with ``TWILIO_AUTH_TOKEN``), else 403.
 from __future__ import annotations
 
 from urllib.parse import parse_qsl
+from uuid import UUID
 from xml.sax.saxutils import escape
 
 from quart import Response, request
@@ -56,6 +58,14 @@ async def signed_form(service: Service) -> dict[str, str]:
     return dict(params)
 
 
+def _named_message() -> UUID | None:
+    """The message a status callback's URL names (``?sms=``, signed with it)."""
+    try:
+        return UUID(request.args.get("sms", ""))
+    except ValueError:
+        return None
+
+
 def twiml(message: str | None = None) -> Response:
     inner = "" if message is None else f"<Message>{escape(message)}</Message>"
     body = f'<?xml version="1.0" encoding="UTF-8"?><Response>{inner}</Response>'
@@ -76,7 +86,9 @@ async def twilio_status(service: Service) -> Response:
     report = sms_status.ProviderReport(
         sid, status, NAME, code, error_message(code, form.get("ErrorMessage") or None)
     )
-    changes, kept = await service.db.run(sms_status.record_provider_report, report)
+    changes, kept = await service.db.run(
+        sms_status.record_provider_report, report, _named_message()
+    )
     # Twilio does not send a callback again after a 2xx: a report about a
     # message whose id is not stored yet is kept, and applied once it is.
     return json_response(200, success_body({"recorded": len(changes), "kept": kept}))

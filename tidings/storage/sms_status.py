@@ -301,16 +301,19 @@ def _early(rows: Sequence[Row]) -> list[Report]:
 
 
 async def record_provider_report(
-    conn: Connection, report: ProviderReport
+    conn: Connection, report: ProviderReport, named: UUID | None = None
 ) -> tuple[list[Change], bool]:
     """Apply a status a provider reported for its id of a message, after the
     reports kept for that id before it; when no message has that id yet, keep
-    it for when one has. Returns the moves made, and whether the report was
-    kept for later.
+    it for when one has. ``named``: the message the callback's signed URL
+    names, which takes the id when it has none (its send's answer was lost).
+    Returns the moves made, and whether the report was kept for later.
 
     Cancelled after keeping it, the report waits in ``sms_early_reports`` for
     the send worker or the retention sweeper."""
     sms_id = await conn.fetchval(SMS_OF_PROVIDER_ID, report.message_id)
+    if sms_id is None and named is not None:
+        sms_id = await conn.fetchval(ADOPT_PROVIDER_ID, named, report.message_id)
     if sms_id is None:
         # Committed on its own, before the second look: if that look misses
         # the id too, the worker commits it later and its own look finds this.
@@ -324,6 +327,14 @@ async def record_provider_report(
                                   report.message))
         changes = await _record(conn, reports)
     return changes, sms_id is None and not rows
+
+
+# A message without a provider id takes the one a callback naming it reports.
+ADOPT_PROVIDER_ID = """
+UPDATE sms_messages SET message_id = $2, updated_at = now()
+WHERE id = $1 AND message_id IS NULL
+RETURNING id
+"""
 
 
 async def apply_early_reports(conn: Connection, message_ids: Sequence[str]) -> list[Change]:
