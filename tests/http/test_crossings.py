@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import trio
 
 from tidings.logging_setup import request_id
 from tidings.service import Service
@@ -39,6 +40,9 @@ def counting_crossings(service: Service) -> Iterator[list[str]]:
 async def test_post_contacts_is_one_crossing_with_and_without_a_key(
     client: httpx.AsyncClient, service: Service
 ) -> None:
+    with trio.fail_after(10):  # the cache answers once the revocation listener is live
+        while not service.tokens.live:
+            await trio.sleep(0.01)
     with counting_crossings(service) as runs:
         # The first request of a token looks it up first, before its body is
         # read: a crossing of its own, once per token and process.

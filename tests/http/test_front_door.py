@@ -19,6 +19,7 @@ from tidings.http.connection import DRAIN_SECONDS, SoundConnections
 from tidings.http.frontdoor import FrontDoor
 from tidings.http.shedding import Shedder
 from tidings.service import Service
+from tidings.storage.tokens import hash_secret
 
 Scope = MutableMapping[str, Any]
 
@@ -221,9 +222,14 @@ async def test_a_client_that_leaves_cancels_its_request(
     caplog.set_level(logging.INFO, logger="tidings.access")
     door = front_door_of(service)
     auth = ("Authorization", f"Bearer {acme.secret}")
-    # The token known (its first request looks it up on its own): the unit below
-    # is the request's storage work.
+    # The token known (its first request looks it up on its own; the cache
+    # answers once the revocation listener is live): the unit below is the
+    # request's storage work.
+    with trio.fail_after(10):
+        while not service.tokens.live:
+            await trio.sleep(0.01)
     assert (await exchange(door, http_scope("GET", "/contacts", [auth])))[0] == 200
+    assert service.tokens.get(hash_secret(acme.secret)) is not None
     cancelled = trio.Event()
 
     async def stuck(*args: Any) -> Any:
