@@ -22,7 +22,7 @@ from uuid import UUID
 import asyncpg
 import trio
 
-from tidings import __version__, importing
+from tidings import PARENT_ENV, __version__, importing
 from tidings.app import serve
 from tidings.config import Config, SettingError
 from tidings.config_values import MAX_BIGINT, shown_url
@@ -34,7 +34,6 @@ from tidings.storage import tokens as token_store
 from tidings.storage.db import open_database
 from tidings.workers import (
     MAX_WORKERS,
-    PARENT_ENV,
     resolve_checked_url,
     run_workers,
     watch_parent,

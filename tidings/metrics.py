@@ -27,14 +27,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from tidings import MULTIPROC_ENV
 from tidings.actors.runtime import Supervised
 
 # Label values come from requests: a client may send any method name, and
 # every new label value is a series kept for the process's lifetime.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
-# prometheus_client reads it when it is imported: values in files there.
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class _ProcessCollector(Collector):

@@ -45,16 +45,14 @@ from pathlib import Path
 import trio
 import triopg
 
+from tidings import MULTIPROC_ENV, PARENT_ENV
 from tidings.config import Config
-from tidings.metrics import MULTIPROC_ENV
 from tidings.sealing import HANDED_KEY_ENV, load_key
 from tidings.storage.db import WATCH_SECONDS, open_asyncio_bridge, resolve_url
-from tidings.storage.embedded import revive_embedded
+from tidings.storage.embedded import keep_embedded_running
 
 log = logging.getLogger("tidings")
 
-# A worker polls for this parent and stops when it is gone.
-PARENT_ENV = "TIDINGS_WORKER_PARENT"
 # What a worker gets after the signal beyond its grace for requests in
 # flight: its actors' stop (tidings.cli.ACTOR_STOP_SECONDS) and a margin.
 STOP_MARGIN_SECONDS = 6.5
@@ -300,8 +298,10 @@ def _serve(
     watched = time.monotonic()
     while True:
         if config.database_url is None and time.monotonic() - watched >= WATCH_SECONDS:
+            # The workers reach the embedded server by its URL and do not
+            # watch it (``watch_embedded``): the parent does.
             watched = time.monotonic()
-            _keep_embedded_running(config.data_dir)
+            keep_embedded_running(config.data_dir)
         if received:
             log.info("%s received: stopping %d workers", signal.Signals(received[0]).name,
                      count)
@@ -322,16 +322,6 @@ def _serve(
             log.error("worker %d exited with %d: started worker %d in its place", worker.pid,
                       worker.returncode, workers[index].pid)
         time.sleep(0.2)  # a signal runs ``note``; the next turn sees it
-
-
-def _keep_embedded_running(data_dir: Path) -> None:
-    """The workers reach the embedded server by its URL and do not watch it
-    (``tidings.storage.db.watch_embedded``): the parent does, as one process
-    watches its own."""
-    try:
-        revive_embedded(data_dir)
-    except Exception:  # a start that failed: logged, and tried again
-        log.exception("the embedded PostgreSQL in %s could not be started again", data_dir)
 
 
 async def watch_parent(stop: trio.Event) -> None:

@@ -24,6 +24,10 @@ from tidings.http.envelope import ApiError
 FORGET_AFTER_SECONDS = 300.0
 
 
+# What a team told to wait for one of its uploads in flight is told to wait.
+UPLOAD_RETRY_SECONDS = 1
+
+
 class UploadLimit:
     """At most ``per_team`` requests of one team receive their body at once in
     this process; one more is answered 429 before its body is read."""
@@ -56,9 +60,6 @@ class UploadLimit:
                 self._receiving[team_id] = left
             else:
                 del self._receiving[team_id]
-
-
-UPLOAD_RETRY_SECONDS = 1
 
 
 class RateLimiter:

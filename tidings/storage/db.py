@@ -59,7 +59,7 @@ from tidings.storage.connection import (
     TrioConnection,
     returned,
 )
-from tidings.storage.embedded import revive_embedded, start_embedded
+from tidings.storage.embedded import keep_embedded_running, start_embedded
 from tidings.storage.migrate import migrate
 
 __all__ = [
@@ -253,10 +253,7 @@ async def watch_embedded(data_dir: Path, every: float = WATCH_SECONDS) -> None:
     """Keep the embedded server of ``data_dir`` running while this process runs."""
     while True:
         await trio.sleep(every)
-        try:
-            await trio.to_thread.run_sync(revive_embedded, data_dir)
-        except Exception:  # a start that failed: logged, and tried again
-            log.exception("the embedded PostgreSQL in %s could not be started again", data_dir)
+        await trio.to_thread.run_sync(keep_embedded_running, data_dir)
 
 
 @asynccontextmanager

@@ -135,6 +135,15 @@ def pgdata_of(data_dir: Path) -> Path:
     return data_dir.resolve() / "pg"
 
 
+def keep_embedded_running(data_dir: Path) -> None:
+    """``revive_embedded``, a start that fails logged (the caller's next
+    turn tries again). Blocking: run it in a thread."""
+    try:
+        revive_embedded(data_dir)
+    except Exception:
+        log.exception("the embedded PostgreSQL in %s could not be started again", data_dir)
+
+
 def revive_embedded(data_dir: Path) -> bool:
     """Start the embedded server in ``data_dir`` again if it has stopped;
     whether it had. Blocking: run it in a thread."""
