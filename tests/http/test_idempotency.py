@@ -164,11 +164,15 @@ async def hold_contacts_lock(service: Service, release: trio.Event, *, task_stat
         await release.wait()
 
 
-async def wait_for_processing(service: Service, key: str) -> None:
+async def wait_until_blocked(service: Service) -> None:
+    """Until a request waits for the lock of ``hold_contacts_lock``."""
     while True:
         async with service.db.acquire() as conn:
-            status = await conn.fetchval("SELECT status FROM idempotency_keys WHERE key = $1", key)
-        if status == "processing":
+            waiting = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+        if waiting:
             return
         await trio.sleep(0.02)
 
@@ -185,7 +189,7 @@ async def test_same_key_while_processing_is_a_conflict(
     async with trio.open_nursery() as nursery:
         await nursery.start(hold_contacts_lock, service, release)
         nursery.start_soon(first)
-        await wait_for_processing(service, "slow")
+        await wait_until_blocked(service)
         second = await post(client, {"email": "slow@example.com"}, "slow")
         assert second.status_code == 409
         assert second.json()["error"]["code"] == "CONFLICT"
@@ -230,7 +234,7 @@ async def expired_lock_scenario(service: Service, client: httpx.AsyncClient) -> 
     async with trio.open_nursery() as nursery:
         await nursery.start(hold_contacts_lock, service, release)
         nursery.start_soon(stuck)
-        await wait_for_processing(service, "stuck")
+        await wait_until_blocked(service)
         await trio.sleep(1.2)  # past IDEMPOTENCY_LOCK_SECONDS=1
         expired = await post(client, {"email": "stuck@example.com"}, "stuck")
         assert expired.status_code == 409
@@ -340,3 +344,44 @@ async def test_a_claim_alone_commits_without_waiting_for_the_disk(service: Servi
         assert not await conn.fetchval(
             "SELECT pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()"
         )
+
+
+async def test_a_retry_whose_handler_would_succeed_again_executes_once(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    """Segments have no unique name: only the key's record stops the retry."""
+    first = await client.post("/segments", json={"name": "again"}, headers={KEY: "seg"})
+    assert first.status_code == 201
+    for _ in range(2):
+        again = await client.post("/segments", json={"name": "again"}, headers={KEY: "seg"})
+        assert (again.status_code, again.content) == (201, first.content)
+        assert again.headers["Idempotent-Replayed"] == "true"
+    async with service.db.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM segments") == 1
+
+
+async def test_a_retry_the_handler_would_refuse_is_answered_from_the_record(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    """The contact is gone after the first DELETE, so running the retry
+    would say 404: the stored answer is given instead."""
+    created = await post(client, {"email": "gone@example.com"}, "make")
+    contact = created.json()["data"]["id"]
+    first = await client.delete(f"/contacts/{contact}", headers={KEY: "remove"})
+    assert first.status_code == 204
+    again = await client.delete(f"/contacts/{contact}", headers={KEY: "remove"})
+    assert again.status_code == 204
+    assert again.headers["Idempotent-Replayed"] == "true"
+    # Without the key, or with a new one, the handler answers.
+    assert (await client.delete(f"/contacts/{contact}")).status_code == 404
+    assert (await client.delete(f"/contacts/{contact}", headers={KEY: "new"})).status_code == 404
+    assert await count_contacts(service) == 0
+
+
+async def test_a_refused_request_leaves_its_key_free(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    missing = "/contacts/00000000-0000-4000-8000-000000000000"
+    assert (await client.delete(missing, headers={KEY: "free"})).status_code == 404
+    async with service.db.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM idempotency_keys") == 0

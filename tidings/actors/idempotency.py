@@ -11,6 +11,7 @@ key in PostgreSQL does the same across processes.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -57,6 +58,9 @@ STILL_PROCESSING = "a request with this Idempotency-Key is still processing; ret
 LOCK_EXPIRED = (
     "the previous attempt with this Idempotency-Key expired before it completed; "
     "retry the request"
+)
+LOCK_LOST = (
+    "the idempotency lock of this request expired before it completed; retry the request"
 )
 SEALED_UNREADABLE = (
     "the request with this Idempotency-Key completed, but its response carried a secret "
@@ -121,10 +125,21 @@ async def decide(
     attempt = await records.begin(
         conn, scope, key, fingerprint, lock_seconds=lock, retention_seconds=retention
     )
-    match attempt:
-        case records.Claimed(claim=claim):
-            return Proceed(claim)
-        case _ if attempt.fingerprint != fingerprint:
+    if isinstance(attempt, records.Claimed):
+        return Proceed(attempt.claim)
+    return await answer_held(conn, scope, key, fingerprint, attempt)
+
+
+async def answer_held(
+    conn: AsyncioConnection,
+    scope: UUID,
+    key: str,
+    fingerprint: bytes,
+    held: records.Completed | records.Processing,
+) -> Replay | Refuse:
+    """What a request with ``key`` gets when a record already holds it."""
+    match held:
+        case _ if held.fingerprint != fingerprint:
             return Refuse(DIFFERENT_REQUEST)
         case records.Completed(status=status, body=body):
             return Replay(status, body)
@@ -136,6 +151,46 @@ async def decide(
             return Refuse(STILL_PROCESSING)
 
 
+@dataclass(eq=False)
+class Running:
+    """A storage unit's attempt at a key, running in this process."""
+
+    started: float
+    lost: bool = False  # its lock expired and a later request said so
+
+
+class RunningKeys:
+    """The keys of the storage units running in this process.
+
+    A storage unit holds no ``processing`` record (it writes its record once,
+    when it commits), so this is how a second request with the key, in this
+    process, learns at once that the first is still processing, or that it
+    has run past the processing lock. It is used only on the storage loop,
+    one thread, so it needs no lock.
+    """
+
+    def __init__(self) -> None:
+        self._running: dict[tuple[UUID, str], Running] = {}
+
+    def enter(self, scope: UUID, key: str, lock_seconds: float) -> Running | Refuse:
+        now = time.monotonic()
+        held = self._running.get((scope, key))
+        if held is None:
+            running = self._running[scope, key] = Running(now)
+            return running
+        if now - held.started < lock_seconds:
+            return Refuse(STILL_PROCESSING)
+        # The attempt outlived its lock: it must not commit, and the
+        # client's retry runs.
+        held.lost = True
+        del self._running[scope, key]
+        return Refuse(LOCK_EXPIRED)
+
+    def leave(self, scope: UUID, key: str, running: Running) -> None:
+        if self._running.get((scope, key)) is running:
+            del self._running[scope, key]
+
+
 class IdempotencyKeys:
     """The shards, as HTTP handlers see them."""
 
@@ -143,6 +198,7 @@ class IdempotencyKeys:
         self._shards = shards
         self._count = count
         self._sealer = sealer
+        self.running = RunningKeys()
 
     async def begin(self, scope: UUID, key: str, fingerprint: bytes) -> Decision:
         shard = self._shards.handle(hash((scope, key)) % self._count)
@@ -177,5 +233,6 @@ def start_idempotency(runtime: Runtime, db: Database, config: Config) -> Idempot
 
 
 __all__ = [
-    "Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "decide", "start_idempotency"
+    "Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "Running", "RunningKeys",
+    "answer_held", "decide", "start_idempotency",
 ]

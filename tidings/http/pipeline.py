@@ -8,10 +8,12 @@ storage loop, in ONE crossing from trio. The trio side reads the request
 before and writes the response after. Other routes (their handlers use
 actors, threads or trio itself) keep the connection proxy on the trio side.
 
-Under an ``Idempotency-Key`` the claim is committed on its own first. That
-makes a concurrent request with the same key see "still processing" at once
-instead of waiting. The handler's changes and the stored response then
-commit in one transaction. A failed request releases its claim.
+Under an ``Idempotency-Key`` a storage unit records its response in its
+own transaction (``tidings/http/keyed_units.py``). A route on the trio side
+commits a claim on its own first, so that a concurrent request with the
+same key sees "still processing" at once instead of waiting; its changes
+and the stored response then commit in one transaction, and a failed
+request releases its claim.
 """
 
 from __future__ import annotations
@@ -25,13 +27,12 @@ from uuid import UUID
 import trio
 from quart import Response, g, request
 
-from tidings.actors.idempotency import Proceed, Refuse, Replay, decide
+from tidings.actors.idempotency import LOCK_LOST, Proceed, Refuse, Replay
 from tidings.actors.mailbox import ActorError
 from tidings.http.envelope import (
     ApiError,
     conflict,
     json_response,
-    success_body,
 )
 from tidings.http.idempotency_key import (
     IDEMPOTENCY_HEADER,
@@ -39,9 +40,10 @@ from tidings.http.idempotency_key import (
     idempotency_key,
     one_key_header,
 )
+from tidings.http.keyed_units import Rendered, render, run_keyed
 from tidings.http.parsing import arguments, parse_path, query_values, read_body
 from tidings.http.ratelimit import RateLimiter
-from tidings.http.routing import MUTATING, NO_CONNECTION, Answer, Call, Finish, Route
+from tidings.http.routing import MUTATING, NO_CONNECTION, Call, Finish, Route
 from tidings.storage import idempotency as records
 from tidings.storage import tokens as token_store
 from tidings.storage.db import AsyncioConnection, Connection
@@ -54,11 +56,6 @@ log = logging.getLogger("tidings.http")
 
 # How long a request waits for an actor before answering 503.
 ACTOR_TIMEOUT_SECONDS = 10.0
-LOCK_LOST = (
-    "the idempotency lock of this request expired before it completed; retry the request"
-)
-
-Rendered = tuple[int, bytes, dict[str, str]]
 
 
 # --- reading the request (trio side, pure) ----------------------------------
@@ -151,15 +148,6 @@ async def admission(
     return admit(route, token, rate_limiter, seen)
 
 
-def render(route: Route, result: Any) -> Rendered:
-    if isinstance(result, Answer):
-        status, data, headers = result.status, result.data, result.headers
-    else:
-        status, data, headers = route.status, result, {}
-    body = b"" if status == 204 else success_body(data)
-    return status, body, headers
-
-
 async def store_response(
     conn: Connection, call: Call, route: Route, key: str, claim: UUID, status: int, body: bytes
 ) -> None:
@@ -203,35 +191,7 @@ async def run_unit(
     call = Call(service, token, conn)
     if key is None:
         return call, render(route, await route.handler(call, **kwargs))
-    config = service.config
-    decision = service.idempotency.opened(token.id, key, await decide(
-        conn, token.id, key, incoming.fingerprint,
-        config.idempotency_lock_seconds, config.idempotency_retention_seconds,
-    ))
-    match decision:
-        case Replay(status=status, body=body):
-            return call, (status, body, {"Idempotent-Replayed": "true"})
-        case Refuse(message=message):
-            raise conflict(message)
-        case Proceed(claim=claim):
-            pass
-    stored = False
-    try:
-        async with conn.transaction():
-            rendered = render(route, await route.handler(call, **kwargs))
-            status, body, _ = rendered
-            if 200 <= status < 300:
-                await store_response(conn, call, route, key, claim, status, body)
-                stored = True
-        return call, rendered
-    finally:
-        if not stored:
-            # Forget the claim so that a retry runs again; if even that
-            # fails, the claim's lock expires after IDEMPOTENCY_LOCK_SECONDS.
-            try:
-                await records.release(conn, token.id, key, claim)
-            except Exception:
-                log.warning("could not release idempotency key %r", key, exc_info=True)
+    return call, await run_keyed(conn, call, route, kwargs, key, incoming.fingerprint)
 
 
 # --- routes that stay on the trio side ---------------------------------------

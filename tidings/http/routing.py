@@ -73,6 +73,10 @@ class Call:
         for callback in self._after_commit:
             callback()
 
+    def rolled_back(self) -> None:
+        """Forget what was to follow a commit that did not happen."""
+        self._after_commit.clear()
+
 
 class _NoConnection:
     """``Call.conn`` of a route that holds no pooled connection."""

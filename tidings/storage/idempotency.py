@@ -1,8 +1,16 @@
 """Idempotency records: one per (credential, key), unique in PostgreSQL.
 
 The unique primary key is what guarantees that two processes on one database
-never both execute one key; the shard actors only serialise the attempts
-within a process.
+never both execute one key; the shard actors and the storage units' running
+attempts only serialise the attempts within a process.
+
+Two ways to hold a key. A route that waits outside its transaction (a
+provider call) claims it first (``begin``: a ``processing`` record, committed
+on its own) and completes the claim with its response. A storage unit, whose
+whole work is one transaction, records its response once, at the end
+(``record``), in that transaction: the unique key then decides between two
+attempts, and the loser rolls back and answers from the winner's record
+(``look_up``).
 """
 
 from __future__ import annotations
@@ -45,6 +53,29 @@ COMPLETE = """
 UPDATE idempotency_keys
 SET status = 'completed', response_status = $4, response_body = $5
 WHERE scope = $1 AND key = $2 AND claim = $3 AND status = 'processing'
+"""
+
+# A storage unit's response, written once in its transaction. An expired
+# record in the way is replaced; a live one (or a concurrent attempt's,
+# waited for until it commits) returns no row.
+RECORD = """
+INSERT INTO idempotency_keys AS k
+    (scope, key, fingerprint, claim, status, locked_until, expires_at,
+     response_status, response_body)
+VALUES ($1, $2, $3, $4, 'completed', now(), now() + make_interval(secs => $5), $6, $7)
+ON CONFLICT (scope, key) DO UPDATE
+    SET fingerprint = EXCLUDED.fingerprint, claim = EXCLUDED.claim, status = 'completed',
+        locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at,
+        response_status = EXCLUDED.response_status, response_body = EXCLUDED.response_body,
+        created_at = now()
+    WHERE k.expires_at <= now()
+RETURNING 1
+"""
+
+LOOK_UP = """
+SELECT fingerprint, status, locked_until <= now() AS lock_expired, response_status, response_body
+FROM idempotency_keys
+WHERE scope = $1 AND key = $2 AND expires_at > now()
 """
 
 RELEASE = """
@@ -126,6 +157,29 @@ async def begin(
             return Completed(bytes(row["fingerprint"]), row["response_status"],
                              bytes(row["response_body"]))
         return Processing(bytes(row["fingerprint"]), row["lock_expired"])
+
+
+async def record(
+    conn: Connection, scope: UUID, key: str, fingerprint: bytes, status: int, body: bytes,
+    *, retention_seconds: float,
+) -> bool:
+    """Store a storage unit's response in its transaction. False when a live
+    record holds the key: the caller rolls back and answers from it."""
+    row = await conn.fetchrow(
+        RECORD, scope, key, fingerprint, uuid4(), retention_seconds, status, body
+    )
+    return row is not None
+
+
+async def look_up(conn: Connection, scope: UUID, key: str) -> Completed | Processing | None:
+    """The live record that holds ``key``, if any."""
+    row = await conn.fetchrow(LOOK_UP, scope, key)
+    if row is None:
+        return None
+    if row["status"] == "completed":
+        return Completed(bytes(row["fingerprint"]), row["response_status"],
+                         bytes(row["response_body"]))
+    return Processing(bytes(row["fingerprint"]), row["lock_expired"])
 
 
 async def complete(
