@@ -112,6 +112,21 @@ def test_a_number_setting_must_be_finite_and_in_range(name: str, value: str) -> 
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("value", ["\u0661\u0660", "1_0", "\uff11\uff10", "0x10", "1 0"])
+@pytest.mark.parametrize("name", ["TIDINGS_MAX_IN_FLIGHT", "WEBHOOK_TIMEOUT_SECONDS",
+                                  "WEBHOOK_RETRY_SCHEDULE"])
+def test_a_number_setting_takes_ascii_digits_only(name: str, value: str) -> None:
+    """Python reads ``١٠`` (Arabic-Indic) and ``1_0`` as 10; a setting does not."""
+    with pytest.raises(SettingError) as refused:
+        Config.from_env({name: value})
+    assert str(refused.value).startswith(f"{name} must "), str(refused.value)
+    assert Config.from_env({"TIDINGS_MAX_IN_FLIGHT": " +10 "}).max_in_flight == 10
+    assert Config.from_env({"WEBHOOK_TIMEOUT_SECONDS": ".5"}).webhook_timeout_seconds == 0.5
+    assert Config.from_env({"WEBHOOK_TIMEOUT_SECONDS": "1e1"}).webhook_timeout_seconds == 10
+    assert Config.from_env({"WEBHOOK_RETRY_SCHEDULE": "0, 2.5,3"}).webhook_retry_schedule == (
+        0, 2.5, 3)
+
+
 @pytest.mark.parametrize(("name", "value"), [
     # asyncpg allocates for a pool's whole maximum at start: 2**31 filled the memory.
     ("TIDINGS_DB_POOL_SIZE", "2147483647"),

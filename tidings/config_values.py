@@ -28,6 +28,11 @@ MAX_SECONDS = 100 * 365 * 86400
 MAX_BIGINT = 2**63 - 1
 # A label of a host name in a URL (underscores too: container and service names).
 HOST_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+# Numbers as written in a configuration file: ASCII digits only. Python's
+# int() and float() also take other scripts' digits (``١٠``) and
+# underscores (``1_0``), which no one means in a setting.
+INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+NUMBER = re.compile(r"\s*[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*", re.ASCII)
 
 
 class SettingError(ValueError):
@@ -40,10 +45,9 @@ def _int(
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingError(f"{name} must be an integer, not {raw!r}") from None
+    if not INTEGER.fullmatch(raw):
+        raise SettingError(f"{name} must be an integer, not {raw!r}")
+    value = int(raw)
     if value < minimum:
         raise SettingError(f"{name} must be at least {minimum}, not {value}")
     if value > maximum:
@@ -80,11 +84,12 @@ def _float(
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingError(f"{name} must be a number, not {raw!r}") from None
-    if not math.isfinite(value):
+    if raw.strip().lower().lstrip("+-") in ("inf", "infinity", "nan"):
+        raise SettingError(f"{name} must be a finite number, not {raw!r}")
+    if not NUMBER.fullmatch(raw):
+        raise SettingError(f"{name} must be a number, not {raw!r}")
+    value = float(raw)
+    if not math.isfinite(value):  # 1e999
         raise SettingError(f"{name} must be a finite number, not {raw!r}")
     if value < minimum:
         raise SettingError(f"{name} must be at least {minimum}, not {value}")
@@ -109,10 +114,10 @@ def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> 
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        values = tuple(float(part) for part in raw.split(","))
-    except ValueError:
-        raise SettingError(f"{name} must be comma-separated seconds, not {raw!r}") from None
+    parts = raw.split(",")
+    if not all(NUMBER.fullmatch(part) for part in parts):
+        raise SettingError(f"{name} must be comma-separated seconds, not {raw!r}")
+    values = tuple(float(part) for part in parts)
     if not values or not all(0 <= v <= MAX_SECONDS for v in values):
         raise SettingError(
             f"{name} must list one or more seconds from 0 to {MAX_SECONDS}, not {raw!r}"
