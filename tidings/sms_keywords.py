@@ -21,16 +21,19 @@ OPT_OUT = frozenset({
     "STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT", "REVOKE", "OPTOUT",
 })
 # Trailing characters a keyword may carry (with the ideographic full stops,
-# which NFKC leaves as they are), and invisible ones a keyboard may add.
+# which NFKC leaves as they are). Invisible ones a keyboard or a paste may
+# add (zero-width spaces and joiners, the soft hyphen, direction marks: the
+# characters Unicode calls "format", Cf) are dropped wherever they are.
 TRAILING = ".!?,;:\u3002\uff61"
-INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
 OPT_IN = frozenset({"START", "YES", "UNSTOP"})
 HELP = frozenset({"HELP", "INFO"})
 
 
 def keyword_action(body: str) -> Action | None:
     """The action the reply ``body`` asks for, if it is a keyword."""
-    text = unicodedata.normalize("NFKC", body).translate(INVISIBLE)
+    text = "".join(
+        c for c in unicodedata.normalize("NFKC", body) if unicodedata.category(c) != "Cf"
+    )
     word = text.strip().rstrip(TRAILING).strip().upper()
     if word in OPT_OUT:
         return "opt_out"

@@ -10,7 +10,9 @@ from tidings.sms_keywords import keyword_action
 @pytest.mark.parametrize(("body", "action"), [
     ("STOP", "opt_out"), (" stop. ", "opt_out"), ("Stop;", "opt_out"), ("stop,", "opt_out"),
     ("ＳＴＯＰ", "opt_out"), ("ＳＴＯＰ。", "opt_out"), ("STOP\u200b", "opt_out"),
-    ("\ufeffstop", "opt_out"), ("revoke", "opt_out"), ("OptOut!", "opt_out"),
+    ("\ufeffstop", "opt_out"), ("Stop\u00ad", "opt_out"), ("S\u00adTOP", "opt_out"),
+    ("\u200estop\u200f", "opt_out"), ("\u2066STOP\u2069", "opt_out"),
+    ("revoke", "opt_out"), ("OptOut!", "opt_out"),
     ("unsubscribe", "opt_out"), ("quit", "opt_out"),
     ("start", "opt_in"), ("Yes!", "opt_in"), ("unstop", "opt_in"),
     ("help?", "help"), ("INFO", "help"),
