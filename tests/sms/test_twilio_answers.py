@@ -185,3 +185,23 @@ async def test_unknown_says_why_until_the_message_moves_on(
     await callback(http, MessageSid=sms["message_id"], MessageStatus="delivered")
     delivered = ok(await client.get(f"/sms/{sms['id']}"))
     assert (delivered["last_event"], delivered["failure"]) == ("delivered", None)
+
+
+@pytest.mark.parametrize(("status", "headers", "retry_after"), [
+    (429, {"Retry-After": "7"}, "7"),  # Twilio's own hint
+    (429, {}, "5"),
+    (503, {}, "5"),
+])
+async def test_a_sync_twilio_cannot_answer_now_says_when_to_retry(
+    client: httpx.AsyncClient, double: TwilioDouble, status: int, headers: dict[str, str],
+    retry_after: str,
+) -> None:
+    sms = await sent_through_twilio(client)
+    double.fetch_answers[sms["message_id"]] = (
+        status, b'{"code": 20429, "message": "Too Many Requests"}',
+        {"Content-Type": "application/json", **headers},
+    )
+    response = await client.post(f"/sms/{sms['id']}/sync")
+    assert_error(response, 503, "SERVICE_UNAVAILABLE")
+    assert response.headers["Retry-After"] == retry_after
+    assert ok(await client.get(f"/sms/{sms['id']}")) == sms

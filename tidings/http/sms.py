@@ -11,6 +11,7 @@ The list (``GET /sms``) is in ``tidings.http.sms_list``.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -24,6 +25,7 @@ from tidings.http.models import Moment, RequestBody
 from tidings.http.routing import Call, Finish, Routes
 from tidings.http.sms_models import SmsOut
 from tidings.phones import parse_phone
+from tidings.providers.sms import ProviderUnavailable
 from tidings.sms_encoding import Encoding, encode
 from tidings.storage import sms as store
 from tidings.storage.connection import Connection
@@ -33,6 +35,8 @@ routes = Routes("SMS", storage_units=True)
 
 MAX_BODY = 1600  # characters: Twilio's limit for one message, 10 or more segments
 MAX_METADATA_KEYS = 50
+# Retry-After of a sync the provider could not answer, when it gave no hint.
+SYNC_RETRY_SECONDS = 5
 
 
 class SendSms(RequestBody):
@@ -215,8 +219,11 @@ async def sync_sms(call: Call, sms_id: UUID) -> dict[str, Any] | Finish:
     try:
         update = await provider.fetch(found.message_id)
     except Exception as failure:  # the provider's trouble is not ours: 503, retry later
+        wait = failure.retry_after if isinstance(failure, ProviderUnavailable) else None
+        seconds = SYNC_RETRY_SECONDS if wait is None else max(1, math.ceil(wait.total_seconds()))
         raise ApiError(
-            503, "SERVICE_UNAVAILABLE", f"the SMS provider did not answer: {failure}"
+            503, "SERVICE_UNAVAILABLE", f"the SMS provider did not answer: {failure}",
+            {"Retry-After": str(seconds)},
         ) from None
     if update is None:
         return SmsOut.of(found).dump()

@@ -72,6 +72,15 @@ class InboundSms:
     after: timedelta = NOW
 
 
+class ProviderUnavailable(Exception):
+    """The provider did not answer a question usefully now: ask again, not
+    before ``retry_after`` when it said so."""
+
+    def __init__(self, message: str, retry_after: timedelta | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @dataclass(frozen=True)
 class Retry:
     """The provider did not take the message now (429, 5xx, unreachable):
@@ -132,5 +141,6 @@ class SmsProvider(Protocol):
 
     async def fetch(self, provider_message_id: str) -> SmsUpdate | None:
         """The message's current status at the provider (``after`` is 0); None if
-        the provider does not know the id."""
+        the provider does not know the id. Raises ``ProviderUnavailable``, or
+        anything else, when it cannot tell now."""
         ...

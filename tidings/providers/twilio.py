@@ -45,6 +45,7 @@ from tidings.providers.sms import (
     MAX_RETRY_AFTER,
     NOW,
     OutgoingSms,
+    ProviderUnavailable,
     Retry,
     SenderIdDecision,
     SenderIdType,
@@ -109,7 +110,7 @@ def unreachable(error: httpx.HTTPError) -> str:
     return f"Twilio unreachable ({type(error).__name__})"
 
 
-class TwilioUnavailable(Exception):
+class TwilioUnavailable(ProviderUnavailable):
     """Twilio did not answer a question (sync, review) usefully: try later."""
 
 
@@ -293,7 +294,9 @@ class TwilioSms:
         if response.status_code == 404:
             return None
         if response.status_code >= 400:
-            raise TwilioUnavailable(f"Twilio answered {response.status_code}")
+            raise TwilioUnavailable(
+                f"Twilio answered {response.status_code}", retry_after(response)
+            )
         found = _json(response)
         if found is None:
             # Not a resource (an HTML error page, an array): no answer.
