@@ -156,10 +156,12 @@ async def test_a_failed_request_does_not_pin_its_key(
     assert await count_contacts(service) == 1
 
 
-async def hold_contacts_lock(service: Service, release: trio.Event, *, task_status: Any) -> None:
-    """Block every insert into contacts until ``release`` is set."""
+async def hold_contacts_lock(
+    service: Service, release: trio.Event, table: str = "contacts", *, task_status: Any
+) -> None:
+    """Block every write to ``table`` until ``release`` is set."""
     async with service.db.transaction() as conn:
-        await conn.execute("LOCK TABLE contacts IN EXCLUSIVE MODE")
+        await conn.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
         task_status.started()
         await release.wait()
 
@@ -385,3 +387,86 @@ async def test_a_refused_request_leaves_its_key_free(
     assert (await client.delete(missing, headers={KEY: "free"})).status_code == 404
     async with service.db.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM idempotency_keys") == 0
+
+
+async def test_retries_at_once_of_a_completed_request_all_replay(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    """A retry runs the handler again (rolled back) before it finds the
+    record: retries beside it are answered from the record, not told that
+    it is "still processing"."""
+    first = await client.post("/segments", json={"name": "burst"}, headers={KEY: "burst"})
+    assert first.status_code == 201
+    responses: list[httpx.Response] = []
+
+    async def retry() -> None:
+        responses.append(
+            await client.post("/segments", json={"name": "burst"}, headers={KEY: "burst"})
+        )
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(retry)
+    assert [(r.status_code, r.headers.get("Idempotent-Replayed")) for r in responses] == [
+        (201, "true")
+    ] * 10
+    assert {r.content for r in responses} == {first.content}
+
+
+async def test_a_different_request_never_takes_the_key_from_a_running_one(
+    database_url: str, acme: Credential
+) -> None:
+    """Not even once the running attempt outlived its lock: it is told
+    "different request" each time, and the first attempt commits."""
+    async with custom_service(database_url, acme, idempotency_lock_seconds=1) as (
+        service, client
+    ):
+        release = trio.Event()
+        results: list[httpx.Response] = []
+
+        async def first() -> None:
+            results.append(await post(client, {"email": "first@example.com"}, "taken"))
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold_contacts_lock, service, release)
+            nursery.start_soon(first)
+            await wait_until_blocked(service)
+            for pause in (0, 1.2, 0.1):
+                await trio.sleep(pause)
+                other = await post(client, {"email": "other@example.com"}, "taken")
+                assert other.status_code == 409
+                assert "different request" in other.json()["error"]["message"]
+            release.set()
+        assert results[0].status_code == 201
+        assert await count_contacts(service) == 1
+
+
+async def test_a_retry_stuck_past_its_lock_still_gets_the_completed_answer(
+    database_url: str, acme: Credential
+) -> None:
+    """The DELETE completed; a retry of it is held up past the lock. A second
+    retry meanwhile, and the first once it runs (its handler would say 404),
+    are both answered from the record."""
+    async with custom_service(database_url, acme, idempotency_lock_seconds=1) as (
+        service, client
+    ):
+        segment = (await client.post("/segments", json={"name": "s"})).json()["data"]["id"]
+        first = await client.delete(f"/segments/{segment}", headers={KEY: "drop"})
+        assert first.status_code == 204
+        release = trio.Event()
+        results: list[httpx.Response] = []
+
+        async def stuck() -> None:
+            results.append(await client.delete(f"/segments/{segment}", headers={KEY: "drop"}))
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold_contacts_lock, service, release, "segments")
+            nursery.start_soon(stuck)
+            await wait_until_blocked(service)
+            await trio.sleep(1.2)
+            beside = await client.delete(f"/segments/{segment}", headers={KEY: "drop"})
+            assert (beside.status_code, beside.headers.get("Idempotent-Replayed")) == (
+                204, "true")
+            release.set()
+        assert (results[0].status_code, results[0].headers.get("Idempotent-Replayed")) == (
+            204, "true")

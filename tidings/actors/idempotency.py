@@ -156,6 +156,7 @@ class Running:
     """A storage unit's attempt at a key, running in this process."""
 
     started: float
+    fingerprint: bytes
     lost: bool = False  # its lock expired and a later request said so
 
 
@@ -164,27 +165,31 @@ class RunningKeys:
 
     A storage unit holds no ``processing`` record (it writes its record once,
     when it commits), so this is how a second request with the key, in this
-    process, learns at once that the first is still processing, or that it
-    has run past the processing lock. It is used only on the storage loop,
-    one thread, so it needs no lock.
+    process, learns that the first is still processing, or that it has run
+    past the processing lock. It is used only on the storage loop, one
+    thread, so it needs no lock.
     """
 
     def __init__(self) -> None:
         self._running: dict[tuple[UUID, str], Running] = {}
 
-    def enter(self, scope: UUID, key: str, lock_seconds: float) -> Running | Refuse:
-        now = time.monotonic()
+    def enter(self, scope: UUID, key: str, fingerprint: bytes) -> tuple[Running, bool]:
+        """The request's own attempt and True; or the attempt that runs
+        with the key already, and False."""
         held = self._running.get((scope, key))
-        if held is None:
-            running = self._running[scope, key] = Running(now)
-            return running
-        if now - held.started < lock_seconds:
-            return Refuse(STILL_PROCESSING)
-        # The attempt outlived its lock: it must not commit, and the
-        # client's retry runs.
-        held.lost = True
-        del self._running[scope, key]
-        return Refuse(LOCK_EXPIRED)
+        if held is not None:
+            return held, False
+        running = self._running[scope, key] = Running(time.monotonic(), fingerprint)
+        return running, True
+
+    def expire(self, scope: UUID, key: str, running: Running, lock_seconds: float) -> bool:
+        """Whether ``running`` outlived its lock; if so it must not commit,
+        and the key is free for the client's retry."""
+        if time.monotonic() - running.started < lock_seconds:
+            return False
+        running.lost = True
+        self.leave(scope, key, running)
+        return True
 
     def leave(self, scope: UUID, key: str, running: Running) -> None:
         if self._running.get((scope, key)) is running:

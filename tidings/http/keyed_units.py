@@ -27,6 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from tidings.actors.idempotency import (
+    DIFFERENT_REQUEST,
+    LOCK_EXPIRED,
     LOCK_LOST,
     STILL_PROCESSING,
     Refuse,
@@ -79,9 +81,9 @@ async def run_keyed(
     that already holds it."""
     keys = call.service.idempotency
     scope = call.token.id
-    running = keys.running.enter(scope, key, call.service.config.idempotency_lock_seconds)
-    if isinstance(running, Refuse):
-        raise conflict(running.message)
+    running, ours = keys.running.enter(scope, key, fingerprint)
+    if not ours:
+        return await _beside(conn, call, key, fingerprint, running)
     try:
         for _ in range(ATTEMPTS):
             answer = await _attempt(conn, call, route, kwargs, key, fingerprint, running)
@@ -90,6 +92,41 @@ async def run_keyed(
         raise conflict(STILL_PROCESSING)
     finally:
         keys.running.leave(scope, key, running)
+
+
+async def _beside(
+    conn: AsyncioConnection, call: Call, key: str, fingerprint: bytes, running: Running
+) -> Rendered:
+    """The answer to a request whose key an attempt in this process holds:
+    from the key's record if there is one (that attempt may be a retry of a
+    completed request); else a different request is told so, and the same
+    one "still processing", or "expired" once the attempt outlived its lock."""
+    keys = call.service.idempotency
+    scope = call.token.id
+    held = await records.look_up(conn, scope, key)
+    if held is not None:
+        return await _answer_from(conn, call, key, fingerprint, held)
+    if running.fingerprint != fingerprint:
+        raise conflict(DIFFERENT_REQUEST)  # never takes the key from that attempt
+    if keys.running.expire(scope, key, running, call.service.config.idempotency_lock_seconds):
+        raise conflict(LOCK_EXPIRED)
+    raise conflict(STILL_PROCESSING)
+
+
+async def _answer_from(
+    conn: AsyncioConnection,
+    call: Call,
+    key: str,
+    fingerprint: bytes,
+    held: records.Completed | records.Processing,
+) -> Rendered:
+    keys = call.service.idempotency
+    scope = call.token.id
+    decision = keys.opened(scope, key, await answer_held(conn, scope, key, fingerprint, held))
+    if isinstance(decision, Replay):
+        return decision.status, decision.body, {"Idempotent-Replayed": "true"}
+    assert isinstance(decision, Refuse)  # a held key is replayed or refused
+    raise conflict(decision.message)
 
 
 async def _attempt(
@@ -124,13 +161,7 @@ async def _attempt(
             return None
     except REFUSALS:
         call.rolled_back()
-        if running.lost:
-            raise
         held = await records.look_up(conn, scope, key)
         if held is None:
             raise  # the handler's own answer: no earlier request holds the key
-    decision = keys.opened(scope, key, await answer_held(conn, scope, key, fingerprint, held))
-    if isinstance(decision, Replay):
-        return decision.status, decision.body, {"Idempotent-Replayed": "true"}
-    assert isinstance(decision, Refuse)  # a held key is replayed or refused
-    raise conflict(decision.message)
+    return await _answer_from(conn, call, key, fingerprint, held)
