@@ -292,8 +292,8 @@ class FrontDoor:
                 scope["method"], scope["path"], scope["query_string"], raw_body
             ),
         )
-        # A client that leaves cancels its request, as in Quart: its storage
-        # work rolls back and its place in the shedder's bounds is free again.
+        # A disconnect reported meanwhile cancels the request, as in Quart (one
+        # after a whole request is not seen until the answer: architecture.md).
         result: Any = None
         failure: Exception | None = None
         async with trio.open_nursery() as nursery:
