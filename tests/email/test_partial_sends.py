@@ -243,7 +243,7 @@ async def test_a_retry_after_a_partial_success_goes_to_the_deferred_alone(
                         409, "CONFLICT")
 
                 async def done() -> bool:
-                    return len(await events(client, email_id)) == 5
+                    return len(await events(client, email_id)) == 7
 
                 await until(done)
                 found = [(e["type"], e["recipient"])
@@ -251,8 +251,9 @@ async def test_a_retry_after_a_partial_success_goes_to_the_deferred_alone(
             nursery.cancel_scope.cancel()
     assert found[:2] == [("scheduled", ", ".join(to)), ("queued", ", ".join(to))]
     assert sorted(found[2:]) == [
-        ("bounced", "gone@example.com"), ("sent", "ada@example.com"),
-        ("sent", "busy@example.com"),
+        ("bounced", "gone@example.com"),
+        ("delivery_delayed", "busy@example.com"), ("delivery_delayed", "busy@example.com"),
+        ("sent", "ada@example.com"), ("sent", "busy@example.com"),
     ]
     assert sink.rcpts == {"ada@example.com": 1, "gone@example.com": 1, "busy@example.com": 3}
     assert [m.recipients for m in sink.messages] == [["ada@example.com"], ["busy@example.com"]]

@@ -123,9 +123,16 @@ async def test_a_deferral_is_retried_and_fails_after_the_last_try(
     sink.rcpt_replies["busy@example.com"] = "451 4.3.0 try later"
     email_id = await send(client, to="busy@example.com")
     found = await types_when(client, email_id, "failed")
-    assert [(e["type"], e["code"]) for e in found] == [("queued", None), ("failed", "451")]
+    tries = [(e["type"], e["code"]) for e in found]
+    # Each try put off is reported as it happens; the last one fails.
+    assert tries[0] == ("queued", None) and tries[-1] == ("failed", "451")
+    assert tries[1:-1] and set(tries[1:-1]) == {("delivery_delayed", "451")}
     [hook] = ok(await client.get("/events", params={"type": "message.failed"}))["data"]
     assert hook["data"]["code"] == "451" and "try later" in hook["data"]["message"]
+    delayed = ok(await client.get("/events", params={"type": "message.delivery_delayed"}))
+    assert len(delayed["data"]) == len(tries) - 2
+    assert {(h["channel"], h["data"]["code"]) for h in delayed["data"]} == {
+        ("email", "451")}
     assert sink.messages == []
 
 
@@ -156,10 +163,12 @@ async def test_a_deferred_recipient_is_sent_at_the_retry(
     assert [m.recipients for m in sink.messages] == [["ada@example.com"], ["busy@example.com"]]
     # The second "sent" is recorded after the sink has the message: wait for it.
     with trio.fail_after(10):
-        while len(found := list(reversed(await events(client, email_id)))) < 3:
+        while len(found := list(reversed(await events(client, email_id)))) < 4:
             await trio.sleep(0.05)
     assert [(e["type"], e["recipient"]) for e in found] == [
         ("queued", "ada@example.com, busy@example.com"),
         ("sent", "ada@example.com"),
+        ("delivery_delayed", "busy@example.com"),
         ("sent", "busy@example.com"),
     ]
+    assert ok(await client.get(f"/emails/{email_id}"))["status"] == "sent"

@@ -217,6 +217,14 @@ class Emails:
                                       clock.tick(), result.provider, data, code=d.code,
                                       message=d.message))
             deferred = []
+        elif deferred and not at_once:
+            # A try the receiving side put off (SMTP 4xx, no connection): the
+            # team hears of it now, as from a provider, not only after the
+            # last try.
+            for d in result.deferred:
+                changes.append(Change(email.id, email.team_id, "delivery_delayed", d.recipient,
+                                      clock.tick(), result.provider, data, code=d.code,
+                                      message=d.message))
         if not email.send_to:
             changes.append(Change(email.id, email.team_id, "failed",
                                   recipients_text(email.to_addresses), clock.tick(),
