@@ -35,7 +35,6 @@ from tidings.actors.runtime import Supervised
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-
 class _ProcessCollector(Collector):
     """``tidings_process{pid} 1``: which process answered the scrape. Not a
     Gauge, which in multiprocess mode would be written to the shared files."""

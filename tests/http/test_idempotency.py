@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 from uuid import uuid4
@@ -156,8 +156,8 @@ async def test_a_failed_request_does_not_pin_its_key(
     assert await count_contacts(service) == 1
 
 
-async def hold_contacts_lock(
-    service: Service, release: trio.Event, table: str = "contacts", *, task_status: Any
+async def hold_table_lock(
+    service: Service, release: trio.Event, table: str, *, task_status: Any
 ) -> None:
     """Block every write to ``table`` until ``release`` is set."""
     async with service.db.transaction() as conn:
@@ -167,7 +167,7 @@ async def hold_contacts_lock(
 
 
 async def wait_until_blocked(service: Service) -> None:
-    """Until a request waits for the lock of ``hold_contacts_lock``."""
+    """Until a request waits for the lock of ``hold_table_lock``."""
     while True:
         async with service.db.acquire() as conn:
             waiting = await conn.fetchval(
@@ -179,24 +179,39 @@ async def wait_until_blocked(service: Service) -> None:
         await trio.sleep(0.02)
 
 
-async def test_same_key_while_processing_is_a_conflict(
-    client: httpx.AsyncClient, service: Service
-) -> None:
+@asynccontextmanager
+async def held_up(
+    service: Service, request: Callable[[], Awaitable[httpx.Response]], table: str = "contacts"
+) -> AsyncIterator[list[httpx.Response]]:
+    """Sends ``request`` while ``table`` is locked; inside the block it waits
+    for the lock, and the block's end lets it go. Yields the list its answer
+    goes into."""
     release = trio.Event()
     results: list[httpx.Response] = []
 
-    async def first() -> None:
-        results.append(await post(client, {"email": "slow@example.com"}, "slow"))
+    async def send() -> None:
+        results.append(await request())
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(hold_contacts_lock, service, release)
-        nursery.start_soon(first)
+        await nursery.start(hold_table_lock, service, release, table)
+        nursery.start_soon(send)
         await wait_until_blocked(service)
+        try:
+            yield results
+        finally:
+            release.set()
+
+
+async def test_same_key_while_processing_is_a_conflict(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    async with held_up(
+        service, lambda: post(client, {"email": "slow@example.com"}, "slow")
+    ) as results:
         second = await post(client, {"email": "slow@example.com"}, "slow")
         assert second.status_code == 409
         assert second.json()["error"]["code"] == "CONFLICT"
         assert "still processing" in second.json()["error"]["message"]
-        release.set()
     assert results[0].status_code == 201
     replay = await post(client, {"email": "slow@example.com"}, "slow")
     assert replay.content == results[0].content
@@ -227,21 +242,13 @@ async def test_expired_processing_lock_says_so_and_the_retry_runs(
 
 
 async def expired_lock_scenario(service: Service, client: httpx.AsyncClient) -> None:
-    release = trio.Event()
-    results: list[httpx.Response] = []
-
-    async def stuck() -> None:
-        results.append(await post(client, {"email": "stuck@example.com"}, "stuck"))
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(hold_contacts_lock, service, release)
-        nursery.start_soon(stuck)
-        await wait_until_blocked(service)
+    async with held_up(
+        service, lambda: post(client, {"email": "stuck@example.com"}, "stuck")
+    ) as results:
         await trio.sleep(1.2)  # past IDEMPOTENCY_LOCK_SECONDS=1
         expired = await post(client, {"email": "stuck@example.com"}, "stuck")
         assert expired.status_code == 409
         assert "expired" in expired.json()["error"]["message"]
-        release.set()
     # The stuck attempt lost its claim: it must not commit.
     assert results[0].status_code == 409
     assert await count_contacts(service) == 0
@@ -421,22 +428,14 @@ async def test_a_different_request_never_takes_the_key_from_a_running_one(
     async with custom_service(database_url, acme, idempotency_lock_seconds=1) as (
         service, client
     ):
-        release = trio.Event()
-        results: list[httpx.Response] = []
-
-        async def first() -> None:
-            results.append(await post(client, {"email": "first@example.com"}, "taken"))
-
-        async with trio.open_nursery() as nursery:
-            await nursery.start(hold_contacts_lock, service, release)
-            nursery.start_soon(first)
-            await wait_until_blocked(service)
+        async with held_up(
+            service, lambda: post(client, {"email": "first@example.com"}, "taken")
+        ) as results:
             for pause in (0, 1.2, 0.1):
                 await trio.sleep(pause)
                 other = await post(client, {"email": "other@example.com"}, "taken")
                 assert other.status_code == 409
                 assert "different request" in other.json()["error"]["message"]
-            release.set()
         assert results[0].status_code == 201
         assert await count_contacts(service) == 1
 
@@ -453,20 +452,13 @@ async def test_a_retry_stuck_past_its_lock_still_gets_the_completed_answer(
         segment = (await client.post("/segments", json={"name": "s"})).json()["data"]["id"]
         first = await client.delete(f"/segments/{segment}", headers={KEY: "drop"})
         assert first.status_code == 204
-        release = trio.Event()
-        results: list[httpx.Response] = []
-
-        async def stuck() -> None:
-            results.append(await client.delete(f"/segments/{segment}", headers={KEY: "drop"}))
-
-        async with trio.open_nursery() as nursery:
-            await nursery.start(hold_contacts_lock, service, release, "segments")
-            nursery.start_soon(stuck)
-            await wait_until_blocked(service)
+        async with held_up(
+            service, lambda: client.delete(f"/segments/{segment}", headers={KEY: "drop"}),
+            "segments",
+        ) as results:
             await trio.sleep(1.2)
             beside = await client.delete(f"/segments/{segment}", headers={KEY: "drop"})
             assert (beside.status_code, beside.headers.get("Idempotent-Replayed")) == (
                 204, "true")
-            release.set()
         assert (results[0].status_code, results[0].headers.get("Idempotent-Replayed")) == (
             204, "true")

@@ -7,10 +7,11 @@ That is one statement where a claim costs two and a commit of its own.
 
 What a claim gave, this keeps:
 
-- In this process, a second request with the key while the first runs is
-  told "still processing" at once, and one that comes after the processing
-  lock has expired is told so, and the first attempt then does not commit
-  (``RunningKeys``).
+- In this process, a second request with the key while the first runs
+  (``RunningKeys``) is answered from the key's record when there is one;
+  else a different request is told so, and the same one "still processing",
+  or, past the processing lock, that the first expired (the first attempt
+  then does not commit).
 - Across processes, PostgreSQL's unique key decides: the later of two
   attempts waits for the first to commit, finds its record, rolls its own
   work back and answers with the first one's response. No key is executed
