@@ -108,11 +108,29 @@ async def test_same_key_different_request_is_a_conflict(
     assert error["code"] == "CONFLICT"
     assert "different request" in error["message"]
     assert await count_contacts(service) == 1
-    # A query the route does not take is refused before the key is looked at.
-    response = await client.post("/contacts?dry=1", json={"email": "a@example.com"},
-                                 headers={KEY: "k"})
-    assert response.status_code == 400
+    # A different request that is itself invalid is told of the key first
+    # (spec, idempotency rule 4), on a storage-unit route as on one that
+    # claims its key ahead of the work (webhook endpoints).
+    for refused in (
+        client.post("/contacts?dry=1", json={"email": "a@example.com"}, headers={KEY: "k"}),
+        client.post("/contacts", json={"email": 5}, headers={KEY: "k"}),
+        client.post("/contacts", content=b"not json", headers={KEY: "k"}),
+    ):
+        response = await refused
+        assert response.status_code == 409, response.text
+        assert "different request" in response.json()["error"]["message"]
     assert await count_contacts(service) == 1
+    hook = {"url": "https://example.com/hook", "events": ["*"]}
+    created = await client.post("/webhook-endpoints", json=hook, headers={KEY: "w"})
+    assert created.status_code == 201
+    response = await client.post("/webhook-endpoints", json={"url": 5}, headers={KEY: "w"})
+    assert response.status_code == 409
+    assert "different request" in response.json()["error"]["message"]
+    # A free key leaves the refusal as it is.
+    response = await client.post("/webhook-endpoints", json={"url": 5}, headers={KEY: "free"})
+    assert response.status_code == 400
+    response = await client.post("/contacts", json={"email": 5}, headers={KEY: "free"})
+    assert response.status_code == 400
 
 
 def test_the_fingerprint_is_method_route_path_query_and_body() -> None:
@@ -433,9 +451,10 @@ async def test_a_different_request_never_takes_the_key_from_a_running_one(
         ) as results:
             for pause in (0, 1.2, 0.1):
                 await trio.sleep(pause)
-                other = await post(client, {"email": "other@example.com"}, "taken")
-                assert other.status_code == 409
-                assert "different request" in other.json()["error"]["message"]
+                for body in ({"email": "other@example.com"}, {"email": 5}):
+                    other = await post(client, body, "taken")
+                    assert other.status_code == 409
+                    assert "different request" in other.json()["error"]["message"]
         assert results[0].status_code == 201
         assert await count_contacts(service) == 1
 

@@ -182,6 +182,9 @@ class RunningKeys:
         running = self._running[scope, key] = Running(time.monotonic(), fingerprint)
         return running, True
 
+    def get(self, scope: UUID, key: str) -> Running | None:
+        return self._running.get((scope, key))
+
     def expire(self, scope: UUID, key: str, running: Running, lock_seconds: float) -> bool:
         """Whether ``running`` outlived its lock; if so it must not commit,
         and the key is free for the client's retry."""

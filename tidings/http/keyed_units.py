@@ -114,6 +114,22 @@ async def _beside(
     raise conflict(STILL_PROCESSING)
 
 
+async def refused_input(
+    conn: AsyncioConnection, call: Call, key: str, fingerprint: bytes
+) -> Rendered | None:
+    """The answer to a request under ``key`` whose input was refused before
+    its handler ran, when the key is already taken: the stored response if
+    this very request completed, else 409 as for any other request with
+    the key. None: the key is free, and the refusal stands."""
+    held = await records.look_up(conn, call.token.id, key)
+    if held is not None:
+        return await _answer_from(conn, call, key, fingerprint, held)
+    running = call.service.idempotency.running.get(call.token.id, key)
+    if running is not None and running.fingerprint != fingerprint:
+        raise conflict(DIFFERENT_REQUEST)
+    return None
+
+
 async def _answer_from(
     conn: AsyncioConnection,
     call: Call,

@@ -40,7 +40,7 @@ from tidings.http.idempotency_key import (
     idempotency_key,
     one_key_header,
 )
-from tidings.http.keyed_units import Rendered, render, run_keyed
+from tidings.http.keyed_units import Rendered, refused_input, render, run_keyed
 from tidings.http.parsing import arguments, parse_path, query_values, read_body
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import MUTATING, NO_CONNECTION, Call, Finish, Route
@@ -183,12 +183,19 @@ async def run_unit(
 ) -> tuple[Call, Rendered]:
     """Serve one request on ``conn``. Runs whole on the asyncio side: it awaits
     nothing but ``conn``. Cancellation rolls back its transaction."""
-    token = incoming.token
-    kwargs = arguments(
-        route, incoming.path_values, incoming.query, incoming.raw_body, incoming.mimetype
-    )
     key = idempotency_key(incoming.key_header) if route.method in MUTATING else None
-    call = Call(service, token, conn)
+    call = Call(service, incoming.token, conn)
+    try:
+        kwargs = arguments(
+            route, incoming.path_values, incoming.query, incoming.raw_body, incoming.mimetype
+        )
+    except ApiError:
+        answer = None if key is None else await refused_input(
+            conn, call, key, incoming.fingerprint
+        )
+        if answer is None:
+            raise
+        return call, answer
     if key is None:
         return call, render(route, await route.handler(call, **kwargs))
     return call, await run_keyed(conn, call, route, kwargs, key, incoming.fingerprint)
@@ -246,6 +253,12 @@ async def run_idempotent(
                     await records.release(conn, token.id, key, claim)
 
 
+async def _refused_input(
+    conn: AsyncioConnection, service: Service, token: Token, key: str, request_fingerprint: bytes
+) -> Rendered | None:
+    return await refused_input(conn, Call(service, token, conn), key, request_fingerprint)
+
+
 async def run_on_trio(
     service: Service, route: Route, rate_limiter: RateLimiter, path_values: dict[str, str]
 ) -> Response:
@@ -254,11 +267,21 @@ async def run_on_trio(
     if route.method in MUTATING:
         with rate_limiter.uploads.receiving(token.team_id):
             raw_body = await read_body(route.max_body_bytes(service.config))
-    kwargs = arguments(route, path_values, query_values(), raw_body, request.mimetype)
     key = (
         idempotency_key(one_key_header(request.headers.getlist(IDEMPOTENCY_HEADER)))
         if route.method in MUTATING else None
     )
+    try:
+        kwargs = arguments(route, path_values, query_values(), raw_body, request.mimetype)
+    except ApiError:
+        if key is None:
+            raise
+        answer = await service.db.run(_refused_input, service, token, key, fingerprint(
+            request.method, request.path, request.query_string, raw_body
+        ))
+        if answer is None:
+            raise
+        return json_response(*answer)
     if key is not None:
         return await run_idempotent(service, route, token, kwargs, key, raw_body)
     if not route.pooled:
