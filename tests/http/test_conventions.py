@@ -3,6 +3,7 @@ and the routes without a token (health, metrics, OpenAPI)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import re
@@ -202,6 +203,31 @@ async def test_unparseable_json_is_400(client: httpx.AsyncClient) -> None:
     response = await client.post("/contacts", content=b'{"email": ', headers=JSON_HEADERS)
     message = assert_error(response, 400, "BAD_REQUEST")
     assert "not valid JSON" in message
+
+
+async def test_a_body_in_a_content_coding_is_415_naming_it(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    plain = b'{"email": "coded@example.com"}'
+    for coding, body in (("gzip", gzip.compress(plain)), ("identity, br", plain),
+                         ("DEFLATE", plain)):
+        response = await client.post(
+            "/contacts", content=body, headers={**JSON_HEADERS, "Content-Encoding": coding}
+        )
+        message = assert_error(response, 415, "BAD_REQUEST")
+        assert f"Content-Encoding: {coding.split()[-1].lower()} is not supported" in message
+        assert response.headers["accept-encoding"] == "identity"
+    # The public routes too: a provider's report is never stored as it came.
+    response = await client.post("/providers/twilio/inbound", content=b"x=1",
+                                 headers={"Content-Encoding": "gzip"})
+    assert response.status_code == 415
+    async with service.db.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM contacts") == 0
+    # No coding, or identity, is a body as it is.
+    response = await client.post(
+        "/contacts", content=plain, headers={**JSON_HEADERS, "Content-Encoding": "identity"}
+    )
+    assert response.status_code == 201, response.text
 
 
 async def test_a_key_given_twice_in_one_object_is_400_naming_it(

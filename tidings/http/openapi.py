@@ -52,6 +52,7 @@ ERROR_DESCRIPTIONS = {
     408: "The request body did not arrive within 60 s of its headers",
     409: "Conflict: idempotency key reuse, uniqueness, or a state that does not allow it",
     413: "The request body is larger than the route's limit",
+    415: "The request body has a Content-Encoding (gzip...): send it without one",
     422: "Well-formed but impossible",
     429: "Rate limit exceeded; see Retry-After",
     431: "The request's headers are larger than 16 KiB",
@@ -109,6 +110,8 @@ def error_statuses(route: Route, routes: Sequence[Route] = ()) -> list[int]:
         statuses.add(405)  # a parameter spelled as a sibling's literal name
     if route.body is not None or route.raw_body is not None:
         statuses.add(408)
+    if route.method in MUTATING:
+        statuses.add(415)  # a body in a content coding, whatever the route
     if route.path_params or route.query is not None or not route.public:
         statuses.add(400)
     if route.public and route.path_params:

@@ -27,6 +27,12 @@ A request that carries both ``Content-Length`` and ``Transfer-Encoding`` is
 answered 400 and its connection closed (RFC 9112 §6.1): read one way by a
 proxy in front and the other way here, its body could hide a second request.
 
+A request whose body comes in a content coding (``Content-Encoding: gzip``,
+or any other but ``identity``) is answered 415 with ``Accept-Encoding:
+identity`` (RFC 9110 §15.5.16), its connection closed: no route reads a
+coded body, and one taken as it is would be refused as bad JSON, or worse
+stored as it came (a raw report, a form).
+
 A request stops counting when its response starts, not when its task ends:
 the client may send its next request on the connection as soon as it has
 the answer, and that request must not find the slot of the one before
@@ -101,14 +107,23 @@ class Shedder:
             await self.app(scope, receive, send)
             return
         path = _normalised(scope["path"])
-        length, chunked = _framing(scope)
+        length, chunked, coding = _framing(scope)
+        refusal: tuple[int, bytes, str, list[tuple[bytes, bytes]]] | None = None
         if length is not None and chunked:
+            refusal = 400, self._ambiguous, "(ambiguous)", []
+        elif coding is not None and (chunked or length):
+            refusal = 415, error_body("BAD_REQUEST", (
+                f"Content-Encoding: {coding[:40]} is not supported; send the body as it is "
+                "(no content coding)"
+            )), "(content coding)", [(b"accept-encoding", b"identity")]
+        if refusal is not None:
             # The body is let in first (briefly), so the answer is sent
             # before the connection closes on what follows it.
             with trio.move_on_after(DRAIN_SECONDS):
                 while (await receive()).get("more_body", False):
                     pass
-            await self._answer(scope, send, 400, self._ambiguous, route="(ambiguous)")
+            status, body, route, extra = refusal
+            await self._answer(scope, send, status, body, route=route, extra=extra)
             return
         if path in PROBES:
             await self.app(scope, receive, send)
@@ -169,7 +184,7 @@ class Shedder:
 
     async def _answer(
         self, scope: HTTPScope, send: Send, status: int, body: bytes, *, retry: bool = False,
-        route: str,
+        route: str, extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         """An error envelope, and the connection closed; its access log line
         names ``route`` for the route it never reached."""
@@ -189,6 +204,7 @@ class Shedder:
         ]
         if retry:
             headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
+        headers += extra or []
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -200,11 +216,13 @@ def _request_id_sent(scope: HTTPScope) -> str | None:
     return None
 
 
-def _framing(scope: HTTPScope) -> tuple[int | None, bool]:
-    """The request's ``Content-Length`` (None: absent or unreadable) and
-    whether it has a ``Transfer-Encoding``."""
+def _framing(scope: HTTPScope) -> tuple[int | None, bool, str | None]:
+    """The request's ``Content-Length`` (None: absent or unreadable), whether
+    it has a ``Transfer-Encoding``, and the first content coding of its body
+    other than ``identity`` (None: none)."""
     length: int | None = None
     chunked = False
+    coding = None
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
@@ -213,4 +231,7 @@ def _framing(scope: HTTPScope) -> tuple[int | None, bool]:
                 length = None
         elif name == b"transfer-encoding":
             chunked = True
-    return length, chunked
+        elif name == b"content-encoding" and coding is None:
+            codings = value.decode("latin-1").lower().replace(" ", "").split(",")
+            coding = next((c for c in codings if c not in ("", "identity")), None)
+    return length, chunked, coding
