@@ -202,7 +202,16 @@ async def test_rate_limit_per_token(client: httpx.AsyncClient, make_token: MakeT
 async def test_unparseable_json_is_400(client: httpx.AsyncClient) -> None:
     response = await client.post("/contacts", content=b'{"email": ', headers=JSON_HEADERS)
     message = assert_error(response, 400, "BAD_REQUEST")
-    assert "not valid JSON" in message
+    # What is wrong, and where.
+    assert message == (
+        "request body is not valid JSON: EOF while parsing a value at line 1 column 10"
+    )
+    deep = b'{"email": "a@example.com", "properties": {"x": ' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    response = await client.post("/contacts", content=deep, headers=JSON_HEADERS)
+    message = assert_error(response, 400, "BAD_REQUEST")
+    assert re.fullmatch(
+        r"request body is not valid JSON: nested too deeply at line 1 column \d+", message
+    ), message
 
 
 async def test_a_body_in_a_content_coding_is_415_naming_it(

@@ -53,14 +53,26 @@ def parse_body(model: type[BaseModel], raw: bytes, required: bool = True) -> Bas
     try:
         parsed = model.model_validate_json(raw)
     except ValidationError as error:
-        if error.errors()[0]["type"] == "json_invalid":
-            raise bad_request("request body is not valid JSON") from None
+        first = error.errors()[0]
+        if first["type"] == "json_invalid":
+            raise bad_request(f"request body is not valid JSON{_where(first)}") from None
         raise bad_request(describe_validation(error, "body")) from None
     try:
         check_unique_keys(raw)
     except RepeatedKey as error:
         raise bad_request(f"invalid body: {error}") from None
     return parsed
+
+
+def _where(error: Any) -> str:
+    """What the JSON parser found, and where: ": trailing comma at line 1
+    column 8"; a body nested deeper than it reads says so."""
+    found = str((error.get("ctx") or {}).get("error", ""))
+    if not found:
+        return ""
+    if found.startswith("recursion limit exceeded"):
+        found = found.replace("recursion limit exceeded", "nested too deeply", 1)
+    return f": {found}"
 
 
 async def read_body(limit: int) -> bytes:
