@@ -53,6 +53,30 @@ def test_dkimpy_verifies_the_signature(shape: str) -> None:
     assert all(len(line) <= 78 for line in header.split(b"\r\n"))
 
 
+@pytest.mark.parametrize("length", [12, 69, 70, 71, 100, 209])
+def test_a_long_domain_or_selector_is_never_cut_by_a_fold(length: int) -> None:
+    """Whitespace inside d= or s= makes another name (RFC 6376 §3.2): the
+    header folds between tags, and the longest domain Tidings takes (209
+    characters) stays whole on its line."""
+    labels = ["a" * 63] * (length // 64) + ["b" * (length % 64 - 4 or 1)]
+    domain = ".".join(labels) + ".com"
+    assert len(domain) in (length, length - 3)  # 12 -> 'bbbbbbbb.com'
+    selector = "tidings" + "s" * 50
+    looked_up: list[bytes] = []
+
+    def lookup(name: bytes, timeout: int = 5) -> bytes:
+        looked_up.append(name)
+        return RECORD if name == f"{selector}._domainkey.{domain}.".encode() else b""
+
+    message = build_message(email_id=uuid.uuid4(), domain=domain, sender=f"n@{domain}",
+                            to=("ada@example.org",), subject="s", text="t")
+    signed = sign(message, domain, selector, KEY)
+    assert dkim.verify(signed, dnsfunc=lookup), looked_up
+    header = signed[:signed.index(b"\r\n", signed.index(b" b=") + 4) + 2].decode()
+    assert f" d={domain};" in header and f" s={selector};" in header
+    assert all(len(line) <= 78 for line in header.split("\r\n") if domain not in line)
+
+
 def test_a_changed_or_added_header_breaks_it() -> None:
     message = build_message(email_id=uuid.uuid4(), domain="acme.example", **SHAPES["html only"])
     header = dkim_signature(message, "acme.example", "tidings1", KEY)

@@ -34,6 +34,9 @@ SIGNED_HEADERS: tuple[bytes, ...] = (
 OVERSIGNED: frozenset[bytes] = frozenset({b"from", b"subject", b"to", b"cc", b"reply-to"})
 CANONICALIZATION = CanonicalizationPolicy.from_c_value(b"relaxed/relaxed")
 KEY_CACHE_SIZE = 512
+# Where the signature's header folds (dkimpy's column); a value longer than
+# a line (d= of a long domain) goes whole on a line of its own, within 998.
+LINE = 72
 
 _keys: OrderedDict[bytes, rsa.RSAPrivateKey] = OrderedDict()
 _keys_lock = Lock()
@@ -78,19 +81,65 @@ def dkim_signature(message: bytes, domain: str, selector: str, private_key_pem: 
         (b"bh", body_hash),
         (b"b", b""),
     ]
-    unsigned = b"; ".join(b"=".join(field) for field in fields)
     name = b"DKIM-Signature"
+    # What is hashed is what is sent, up to the empty b= that ends it.
+    unsigned = _fold(_units(fields), LINE - len(name) - 2)
     hasher = hashlib.sha256()
     dkim.hash_headers(
         hasher, CANONICALIZATION, CANONICALIZATION.canonicalize_headers(headers),
-        include, (name, b" " + dkim.fold(unsigned, namelen=len(name))), dict(fields),
+        include, (name, b" " + unsigned), dict(fields),
     )
     signature = _key(private_key_pem).sign(
         hasher.digest(), padding.PKCS1v15(), utils.Prehashed(hashes.SHA256())
     )
-    signed = unsigned + base64.b64encode(signature)
-    folded: bytes = dkim.fold(signed, namelen=len(name))
-    return name + b": " + folded + b"\r\n"
+    head = name + b": " + unsigned
+    column = len(head) - (head.rfind(b"\n") + 1)
+    return head + _fold_value(base64.b64encode(signature), column) + b"\r\n"
+
+
+def _units(fields: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """The tag list as the pieces a fold may go between: each tag with its
+    ``;``, and the names and colons of ``h=`` apart (FWS is allowed around
+    its colons). A value is never cut: whitespace inside ``d=`` or ``s=``
+    would make another domain or selector (RFC 6376 §3.2)."""
+    units: list[bytes] = []
+    for position, (tag, value) in enumerate(fields):
+        end = b"" if position == len(fields) - 1 else b";"
+        if tag == b"h":
+            first, *rest = value.split(b" : ")
+            units.append(b"h=" + first)
+            for header in rest:
+                units += [b":", header]
+            units[-1] += end
+        else:
+            units.append(tag + b"=" + value + end)
+    return units
+
+
+def _fold(units: list[bytes], width: int) -> bytes:
+    """``units`` joined by spaces, the line folded (CRLF before the space)
+    ahead of a unit that would pass column ``LINE``; ``width``: the room on
+    the first line. A unit longer than a line has one of its own."""
+    lines: list[bytes] = []
+    line = b""
+    for unit in units:
+        if line and len(line) + 1 + len(unit) > width:
+            lines.append(line)
+            line, width = unit, LINE - 1
+        else:
+            line = line + b" " + unit if line else unit
+    lines.append(line)
+    return b"\r\n ".join(lines)
+
+
+def _fold_value(value: bytes, column: int) -> bytes:
+    """The ``b=`` value for a line at ``column``, folded to lines of ``LINE``
+    columns: whitespace inside it is ignored (RFC 6376 §3.5)."""
+    room = max(LINE - column, 0)
+    rest = value[room:]
+    return value[:room] + b"".join(
+        b"\r\n " + rest[start:start + LINE - 1] for start in range(0, len(rest), LINE - 1)
+    )
 
 
 def sign(message: bytes, domain: str, selector: str, private_key_pem: bytes) -> bytes:
