@@ -17,6 +17,7 @@ from tests.conftest import assert_error
 from tests.email.helpers import SENDER, bounce_addresses, events, ok
 from tidings.config import Config
 from tidings.email.inbound import record_report
+from tidings.email.reports import parse_reports
 from tidings.service import Service
 
 SECRET = "reports-secret-1"
@@ -364,11 +365,12 @@ async def test_identical_reports_at_once_record_one_outcome(
 
     async def record_second() -> None:
         async with service.db.transaction() as conn:
-            second.append([h.recorded for h in await record_report(conn, arf, key)])
+            second.append([h.recorded for h in await record_report(conn, parse_reports(arf), key)])
 
     async with trio.open_nursery() as nursery:
         async with service.db.transaction() as conn:
-            assert [h.recorded for h in await record_report(conn, arf, key)] == [True]
+            handled = await record_report(conn, parse_reports(arf), key)
+            assert [h.recorded for h in handled] == [True]
             nursery.start_soon(record_second)
             await trio.sleep(0.5)
             assert second == []  # waiting for the email's row
@@ -392,3 +394,36 @@ async def test_a_failure_after_transient_errors_is_failed_not_a_bounce(
     found = [e for e in await events(client, email_id) if e["recipient"] == "gone@example.org"]
     assert "failed" in [e["type"] for e in found] and "bounced" not in [e["type"] for e in found]
     assert await suppressions(client) == {}
+
+
+async def test_a_large_report_is_parsed_while_other_requests_are_answered(
+    http: httpx.AsyncClient,
+) -> None:
+    """Parsing a report of megabytes takes seconds of CPU: it runs beside
+    the event loop, which answers every other request meanwhile."""
+    raw = (REPORTS / "postfix_bounce.eml").read_bytes()
+    block = b"Final-Recipient: rfc822; gone@example.org\nAction: failed\nStatus: 5.1.1\n\n"
+    at = raw.index(b"Final-Recipient: rfc822; slow@")
+    raw = raw[:at] + block * 60_000 + raw[at:]  # 4.4 MB; refused once parsed
+    waits: list[float] = []
+    took = 0.0
+
+    async def send_report() -> None:
+        nonlocal took
+        started = trio.current_time()
+        assert_error(await post_report(http, raw), 422, "UNPROCESSABLE_ENTITY")
+        took = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+
+    async def probe() -> None:
+        while True:
+            started = trio.current_time()
+            assert (await http.get("/healthz")).status_code == 200
+            waits.append(trio.current_time() - started)
+            await trio.sleep(0.02)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(probe)
+        nursery.start_soon(send_report)
+    assert took > 1.0, took  # long enough to show a stall
+    assert len(waits) > 10 and max(waits) < took / 4, (max(waits), took)

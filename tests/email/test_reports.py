@@ -140,3 +140,36 @@ def test_a_long_diagnostic_is_cut() -> None:
     found = parse_report(raw)
     assert found[0].message is not None and len(found[0].message) == 1000
     assert found[0].message.endswith("…") and found[0].code == "5.1.1"
+
+
+def test_a_status_or_feedback_type_is_kept_only_as_the_code_it_must_be() -> None:
+    """The code of an event is what RFC 3464 and RFC 5965 allow there, never
+    a field of any length (the rest of a DSN line is its diagnostic's)."""
+    raw = sample("postfix_bounce.eml")
+    for status, code in ((b"5.1.1 (user unknown)", "5.1.1"), (b"4.4.1 " + b"z" * 100_000, "4.4.1"),
+                         (b"z" * 100_000, None), (b"5.1", None)):
+        found = parse_report(raw.replace(b"Status: 5.1.1", b"Status: " + status))
+        assert found[0].code == code, status[:20]
+    # Only a valid 4.x.x makes a failed action a give-up rather than a bounce.
+    found = parse_report(raw.replace(b"Status: 5.1.1", b"Status: 4.2.2"))
+    assert found[0].outcome == "failed"
+    arf = sample("abuse_report.eml")
+    for feedback, code in ((b"fraud", "fraud"), (b"x" * 100_000, "other"), (b"ab use", "other")):
+        found = parse_report(arf.replace(b"Feedback-Type: abuse", b"Feedback-Type: " + feedback))
+        assert [(r.outcome, r.code) for r in found] == [("complained", code)]
+
+
+def test_a_report_about_too_many_recipients_is_not_one() -> None:
+    """Tidings sends one SMTP transaction per recipient: a report about
+    thousands of them is no report of its mail, and parsing it would only
+    cost CPU."""
+    raw = sample("postfix_bounce.eml")
+    block = b"Final-Recipient: rfc822; gone@example.org\nAction: failed\nStatus: 5.1.1\n\n"
+    at = raw.index(b"Final-Recipient: rfc822; slow@")
+    assert len(parse_report(raw[:at] + block * 998 + raw[at:])) == 1000  # and the sample's 2
+    with pytest.raises(NotAReport, match="more than 1000 recipients"):
+        parse_report(raw[:at] + block * 999 + raw[at:])
+    arf = sample("abuse_report.eml")
+    rcpts = b"".join(f"Original-Rcpt-To: r{i}@example.org\n".encode() for i in range(1001))
+    with pytest.raises(NotAReport, match="more than 1000 recipients"):
+        parse_report(arf.replace(b"Feedback-Type: abuse\n", b"Feedback-Type: abuse\n" + rcpts))

@@ -19,7 +19,7 @@ from uuid import UUID
 
 from tidings.addresses import normalize_address
 from tidings.email.bounce_addresses import BounceAddress, BounceKey
-from tidings.email.reports import Report, parse_reports
+from tidings.email.reports import Report, Reports
 from tidings.fields import FieldError
 from tidings.storage.email_outcomes import Outcome, SentEmail, record_outcomes, sent_email
 
@@ -80,8 +80,8 @@ def _vouched(
     return any(key.vouches(a, email_id, recipient) for a in addresses)
 
 
-async def record_report(conn: Any, raw: bytes, key: BounceKey) -> list[Handled]:
-    """Parse ``raw`` (raises NotAReport) and record what it says about emails
+async def record_report(conn: Any, parsed: Reports, key: BounceKey) -> list[Handled]:
+    """Record what a report (``parse_reports``) says about emails
     Tidings sent, for recipients they were sent to, when it came back to that
     recipient's bounce address (made with ``key``). Anything else (a message
     Tidings does not know, one not sent yet or never, an address it was not
@@ -90,7 +90,6 @@ async def record_report(conn: Any, raw: bytes, key: BounceKey) -> list[Handled]:
     ``recorded`` False: a report cannot suppress an address or move an email
     that no send reached, a recipient cannot report for another, and a
     report repeated is no new outcome. Run it inside a transaction."""
-    parsed = parse_reports(raw)
     reports = parsed.reports
     emails: dict[str, tuple[SentEmail, dict[str, str]] | None] = {}
     outcomes: list[Outcome | None] = []

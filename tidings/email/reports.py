@@ -98,6 +98,20 @@ def _text(value: object) -> str | None:
 
 # A diagnostic longer than this is cut (with "…"): a reply is a line or two.
 MAX_DIAGNOSTIC = 1000
+# A report about more recipients than this is no report of Tidings' mail,
+# which goes out in one SMTP transaction per recipient (docs/email.md).
+MAX_RECIPIENTS = 1000
+# A DSN Status (RFC 3464 §2.3.4, RFC 3463): class, subject, detail.
+_STATUS = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
+# An ARF Feedback-Type (RFC 5965 §3.1): a token.
+_FEEDBACK_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,63}")
+
+
+def _status(value: object) -> str | None:
+    """The Status code, when the field is one (``5.1.1``), whatever comment follows it."""
+    text = _text(value)
+    found = _STATUS.match(text or "")
+    return found.group(0) if found else None
 
 
 def _shortened(text: str | None) -> str | None:
@@ -205,6 +219,8 @@ def _dsn(report: Message) -> list[Report]:
     if not blocks:
         raise NotAReport("a delivery-status report without its message/delivery-status part")
     original = _original_message_id(report)
+    if len(blocks) - 1 > MAX_RECIPIENTS:
+        raise NotAReport(f"a report about more than {MAX_RECIPIENTS} recipients")
     found: list[Report] = []
     for block in blocks[1:]:
         recipient = _address(block.get("Final-Recipient")) or _address(
@@ -214,8 +230,8 @@ def _dsn(report: Message) -> list[Report]:
         outcome = ACTIONS.get(action)
         if recipient is None or outcome is None:
             continue
-        status = _text(block.get("Status"))
-        if outcome == "bounced" and (status or "").strip().startswith("4."):
+        status = _status(block.get("Status"))
+        if outcome == "bounced" and (status or "").startswith("4."):
             # Given up on after transient failures (a full mailbox, 4.2.2): not
             # delivered, but the address is good. ``failed``, not suppressed.
             outcome = "failed"
@@ -240,10 +256,14 @@ def _arf(report: Message) -> list[Report]:
         recipients = [address for _, address in getaddresses(
                           [_field(v) or "" for v in headers.get_all("To") or []])
                       if address and "\x00" not in address]
-    feedback = _text(fields.get("Feedback-Type")) or "abuse"
+    if len(recipients) > MAX_RECIPIENTS:
+        raise NotAReport(f"a report about more than {MAX_RECIPIENTS} recipients")
+    given = _text(fields.get("Feedback-Type")) or "abuse"
+    # A type that is no token is read as ``other`` (RFC 5965 §7.3): a complaint.
+    feedback = given if _FEEDBACK_TYPE.fullmatch(given) else "other"
     if feedback.lower() in NOT_COMPLAINTS:
         return []
-    summary = _text(fields.get("User-Agent"))
+    summary = _shortened(_text(fields.get("User-Agent")))
     original = _message_id(headers) or _by_return_path(report)
     return [
         Report(

@@ -11,10 +11,11 @@ from __future__ import annotations
 import hmac
 from typing import TYPE_CHECKING, Any
 
+import trio
 from quart import request
 
 from tidings.email.inbound import record_report
-from tidings.email.reports import NotAReport
+from tidings.email.reports import NotAReport, parse_reports
 from tidings.http.envelope import ApiError, unprocessable
 from tidings.http.routing import Routes
 
@@ -46,10 +47,13 @@ async def receive_report(service: Service) -> dict[str, Any]:
     raw = body if isinstance(body, bytes) else body.encode()
     key = await service.emails.bounce_key()
     try:
-        async with service.db.transaction() as conn:
-            handled = await record_report(conn, raw, key)
+        # Parsing a large report takes seconds of CPU: not on the event loop,
+        # and not while holding a connection.
+        parsed = await trio.to_thread.run_sync(parse_reports, raw)
     except NotAReport as error:
         raise unprocessable(f"body: {error}") from None
+    async with service.db.transaction() as conn:
+        handled = await record_report(conn, parsed, key)
     return {
         "recorded": sum(h.recorded for h in handled),
         "reports": [
