@@ -214,6 +214,21 @@ async def test_unparseable_json_is_400(client: httpx.AsyncClient) -> None:
     ), message
 
 
+async def test_a_route_that_takes_no_body_refuses_any_but_an_empty_object(
+    client: httpx.AsyncClient,
+) -> None:
+    """Read as any body is: nested beyond the parser, or with a byte order
+    mark, it is no empty object (400 naming the body, never a 500)."""
+    cancel = f"/emails/{uuid.uuid4()}/cancel"
+    for body in (b"[" * 5000 + b"]" * 5000, b'{"a":' * 2000 + b"1" + b"}" * 2000,
+                 b"\xef\xbb\xbf{}", b"\xff{}"):
+        response = await client.post(cancel, content=body, headers=JSON_HEADERS)
+        assert "takes no body" in assert_error(response, 400, "BAD_REQUEST"), body[:10]
+    for body in (b"", b" { } ", b"{}"):
+        response = await client.post(cancel, content=body, headers=JSON_HEADERS)
+        assert_error(response, 404, "NOT_FOUND")
+
+
 async def test_a_body_in_a_content_coding_is_415_naming_it(
     client: httpx.AsyncClient, service: Service
 ) -> None:

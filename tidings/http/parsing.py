@@ -122,7 +122,9 @@ def arguments(
 
 
 def _empty_object(raw: bytes) -> bool:
+    # Read as a body is (UTF-8 text, no BOM); a body nested deeper than the
+    # parser goes is no empty object either.
     try:
-        return bool(json.loads(raw) == {})
-    except ValueError:
+        return bool(json.loads(raw.decode("utf-8")) == {})
+    except (ValueError, RecursionError):
         return False
