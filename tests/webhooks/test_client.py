@@ -215,9 +215,14 @@ async def test_interim_answers_are_skipped_and_redirects_returned_as_they_are() 
     assert len(server.requests) == 1
 
 
-async def test_a_garbled_answer_is_a_failed_connection() -> None:
+@pytest.mark.parametrize("head", [
+    b"SMTP ready", b"HTTP/1.1 0200 OK", b"HTTP/1.1 2000 OK", b"HTTP/1.1 20 OK",
+    b"HTTP/1.1 +200 OK", b"HTTP/1.1 600 OK", b"HTTP/1.10 200 OK", b"HTTPS/1.1 200 OK",
+])
+async def test_a_garbled_answer_is_a_failed_connection(head: bytes) -> None:
+    """A status is three digits (RFC 9112 §4): "0200" is no 200, and no success."""
     async def answer(_request: bytes, _n: int) -> bytes:
-        return b"SMTP ready\r\n\r\n"
+        return head + b"\r\nContent-Length: 0\r\n\r\n"
 
     server = RawServer(answer)
     async with trio.open_nursery() as nursery:

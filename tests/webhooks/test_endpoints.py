@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -270,6 +272,12 @@ async def test_event_types_are_the_catalogue(client: httpx.AsyncClient) -> None:
     ):
         assert required in names
     assert all(item["description"] for item in listed["data"])
+    # The guide lists them all, and says how many an endpoint may name.
+    guide = (Path(__file__).parents[2] / "docs" / "webhooks.md").read_text()
+    section = guide[guide.index("### Event types"):guide.index("## The request your receiver")]
+    assert sorted(set(re.findall(r"`([a-z_]+\.[a-z_]+)`", section))) == sorted(EVENT_TYPES)
+    assert f"{len(EVENT_TYPES)} in all" in section
+    assert f'plus `"*"` ({len(EVENT_TYPES) + 1} today)' in guide
 
 
 async def test_event_types_are_paged_like_every_list(client: httpx.AsyncClient) -> None:

@@ -17,6 +17,7 @@ other: never followed. The caller bounds the whole attempt with a timeout
 
 from __future__ import annotations
 
+import re
 import ssl
 from dataclasses import dataclass
 from functools import lru_cache
@@ -200,11 +201,16 @@ class _Body:
             await self.conn.read_until(b"\r\n", 2)
 
 
+# RFC 9112 §4: ``HTTP/1.x``, and a status of exactly three digits ("0200" is none).
+_VERSION = re.compile(rb"HTTP/1\.[0-9]")
+_STATUS = re.compile(rb"[1-5][0-9][0-9]")
+
+
 def _parse_head(head: bytes) -> tuple[int, bool, dict[bytes, bytes]]:
     """Status, whether HTTP/1.1, and the headers (lowercase names) of a response head."""
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+    if len(parts) < 2 or not _VERSION.fullmatch(parts[0]) or not _STATUS.fullmatch(parts[1]):
         raise ConnectionFailed("the answer is not HTTP/1.1")
     headers: dict[bytes, bytes] = {}
     for line in lines[1:]:
