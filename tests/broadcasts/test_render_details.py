@@ -175,6 +175,20 @@ async def test_a_sent_broadcast_keeps_its_doctype_first(
     )
 
 
+def test_the_preheader_never_goes_inside_a_placeholder_whatever_its_key() -> None:
+    """A binding's key may hold anything, a comment's end or a body tag too."""
+    shown = f"{PREHEADER}pre</div>"
+    for key in ("-->x<body>y", "<body>", "--><body>", "a<!--b"):
+        cases = [
+            ("<!--{{{K}}}", f"{shown}<!--V"),
+            ("<p>{{{K}}}</p><body>x", f"<p>V</p><body>{shown}x"),
+            ("<!-- {{{K}}} --><body>x", f"<!-- V --><body>{shown}x"),
+        ]
+        for html, expected in cases:
+            made = _render(html=html.replace("K", key), preview_text="pre", bindings={key: "V"})
+            assert made.htmls == [expected], (key, html)
+
+
 def test_a_body_tag_inside_a_title_a_script_or_an_attribute_is_not_the_body() -> None:
     cases = [
         ('<html><head><title>Sale <body> deals</title></head><body><p>Hi</p>',

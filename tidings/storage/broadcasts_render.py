@@ -134,8 +134,10 @@ def preheader_offset(html: str) -> int:
     quirks mode): right after the ``<body ...>`` tag; without one, after
     ``</head>``; without that, after a leading doctype and ``<html ...>`` tag;
     else at the very start."""
-    masked = _COMMENT.sub(lambda m: " " * len(m.group()), html)
-    masked = _PLACEHOLDER.sub(lambda m: "_" * len(m.group()), masked)
+    # Placeholders first, as rendering reads them: a key may hold anything,
+    # "-->" or "<body>" too, and the offset must never fall inside one.
+    masked = _PLACEHOLDER.sub(lambda m: "_" * len(m.group()), html)
+    masked = _COMMENT.sub(lambda m: " " * len(m.group()), masked)
     finder = _BodyFinder(masked)
     finder.feed(masked)
     finder.close()
