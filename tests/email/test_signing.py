@@ -137,6 +137,21 @@ def test_display_names_reach_the_message_as_the_api_shows_them() -> None:
     assert dkim.verify(sign(raw, "acme.example", "tidings1", KEY), dnsfunc=dns)
 
 
+def test_a_subject_and_header_values_keep_their_spaces() -> None:
+    """Runs of spaces, tabs, no-break and ideographic spaces reach the
+    reader as the API shows them; only line breaks become one space."""
+    subject = "Preis:\u00a0100\u00a0€ —  zwei  Leerzeichen\u3000日本\tTab"
+    for given, shown in ((subject, subject), ("a  b\tc", "a  b\tc"),
+                         ("one\r\ntwo\u2028three\x1fend", "one two three end")):
+        message = build_message(
+            email_id=uuid.uuid4(), domain="acme.example", sender="news@acme.example",
+            to=("ada@example.org",), subject=given, text="x", headers=(("X-Note", given),),
+        )
+        parsed = email.message_from_bytes(message, policy=email.policy.default)
+        assert (parsed["Subject"], parsed["X-Note"]) == (shown, shown)
+        assert dkim.verify(sign(message, "acme.example", "tidings1", KEY), dnsfunc=dns)
+
+
 def test_control_characters_never_reach_a_header() -> None:
     """The API refuses them; text a template rendered into a subject loses them."""
     message = build_message(

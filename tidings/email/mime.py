@@ -48,6 +48,8 @@ LONGEST_WORD = 900
 # Control characters a header's text cannot carry (RFC 5322 §2.2); the API
 # refuses them, and text a template rendered loses them.
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x9f]")
+# What would end a header line, or look like it to a reader: one space instead.
+_LINE_BREAKS = re.compile(r"(?:\r\n|[\n\r\v\f\x1c-\x1f\u2028\u2029])+")
 
 
 def _header_text(value: str) -> str:
@@ -55,7 +57,9 @@ def _header_text(value: str) -> str:
     word too long to fold, or text a mail client would take for an encoded
     word, ``=?``) as RFC 2047 encoded words of at most 76 octets, so that a
     client shows the text as the API does rather than decoding what it holds."""
-    value = " ".join(_CONTROL.sub("", value).split())
+    # On one line, and otherwise as given: tabs, runs of spaces, no-break
+    # and ideographic spaces stay (a subject is shown as the API shows it).
+    value = _LINE_BREAKS.sub(" ", _CONTROL.sub("", value)).strip()
     if (
         value.isascii() and "=?" not in value
         and all(len(word) <= LONGEST_WORD for word in value.split(" "))
