@@ -129,12 +129,20 @@ async def test_a_start_finer_than_microseconds_excludes_what_came_before(
     assert await listed(four, start_date="2024-03-10T13:00:00.000000001Z", end_date=end) == []
     assert bodies(await listed(four, start_date="2024-03-10T13:00:00.000000000Z",
                                end_date=end)) == ["Order SHIPPED"]
+    # RFC 3339 takes any number of digits: every one of them counts.
+    assert await listed(four, start_date="2024-03-10T13:00:00.000000000001Z", end_date=end) == []
+    assert bodies(await listed(four, start_date="2024-03-10T13:00:00." + "0" * 30 + "Z",
+                               end_date=end)) == ["Order SHIPPED"]
     # The same nanosecond as start and end is no inverted range: 200, nothing in it.
     moment = "2024-03-10T14:00:00.000000500Z"
     assert await listed(four, start_date=moment, end_date=moment) == []
     # An end 100 ns before the start precedes it, within one microsecond too.
     inverted = await four.get("/sms", params={
         "start_date": "2024-03-10T14:00:00.0000001Z", "end_date": "2024-03-10T14:00:00Z"})
+    assert "end_date" in assert_error(inverted, 400, "BAD_REQUEST")
+    inverted = await four.get("/sms", params={
+        "start_date": "2024-03-10T14:00:00.0000000000002Z",
+        "end_date": "2024-03-10T14:00:00.0000000000001Z"})
     assert "end_date" in assert_error(inverted, 400, "BAD_REQUEST")
     # The next microsecond after the last one a date can hold: 400, not 500.
     late = await four.get("/sms", params={"start_date": "9999-12-31T23:59:59.9999999Z"})

@@ -8,6 +8,7 @@ import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
@@ -62,7 +63,7 @@ NOT_EMPTY = ConfigDict(json_schema_extra={"minProperties": 1})
 
 # RFC 3339's date-time; the offset is checked by each route, which names it.
 _DATE_TIME = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})?"
+    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})?"
 )
 # "+02:00" arrives as " 02:00" in a query string whose "+" was not percent-encoded.
 _SPACED_OFFSET = re.compile(r"^(\S+T\S+) (\d{2}:?\d{2})$")
@@ -113,13 +114,15 @@ class ListQuery(Paging):
     """Paging and a list route's filters (which Paging keeps free of NUL characters)."""
 
 
-def nanoseconds_past_microsecond(value: Any) -> int:
-    """The nanoseconds (0 to 999) that the RFC 3339 ``value`` gives past its
-    microsecond, which a ``datetime`` cannot hold; 0 for anything else."""
+def past_microsecond(value: Any) -> Decimal:
+    """What the RFC 3339 ``value`` gives past its microsecond, in
+    microseconds (0 to below 1: RFC 3339 takes any number of digits, a
+    ``datetime`` holds six); 0 for anything else."""
     if not isinstance(value, str):
-        return 0
+        return Decimal(0)
     found = _DATE_TIME.fullmatch(_SPACED_OFFSET.sub(r"\1+\2", value.strip()))
-    return int(((found.group(3) if found else None) or "")[6:9].ljust(3, "0"))
+    rest = ((found.group(3) if found else None) or "")[6:].rstrip("0")
+    return Decimal(f"0.{rest}") if rest else Decimal(0)
 
 
 class CreatedRangeQuery(ListQuery):
@@ -127,7 +130,7 @@ class CreatedRangeQuery(ListQuery):
     inclusive. Times are kept to microseconds; a ``start_date`` with finer
     digits counts from the next microsecond (``starts_from``), so nothing
     created before it is listed, and ``end_precedes_start`` compares the two
-    as given, to the nanosecond."""
+    as given, to the last digit."""
 
     start_date: Moment | None = Field(None, description="Created at or after (RFC 3339)")
     end_date: Moment | None = Field(None, description="Created at or before (RFC 3339)")
@@ -139,8 +142,8 @@ class CreatedRangeQuery(ListQuery):
     def _exact_range(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
         query = handler(data)
         raw = data if isinstance(data, dict) else {}
-        start_ns = nanoseconds_past_microsecond(raw.get("start_date"))
-        end_ns = nanoseconds_past_microsecond(raw.get("end_date"))
+        start_ns = past_microsecond(raw.get("start_date"))
+        end_ns = past_microsecond(raw.get("end_date"))
         start, end = query.start_date, query.end_date
         query._starts_from = start
         if start is not None and start_ns:
