@@ -70,3 +70,22 @@ async def test_missing_variables_unknown_and_unpublished_templates_are_refused(
     too_long = await client.post("/emails", json={
         **body, "template": {"id": template_id, "variables": {"order": "x" * 5000}}})
     assert "rendered subject" in assert_error(too_long, 422, "UNPROCESSABLE_ENTITY")
+
+
+async def test_a_template_whose_subject_renders_empty_is_refused(
+    client: httpx.AsyncClient,
+) -> None:
+    """As a subject given directly must hold a character."""
+    created = ok(await client.post("/templates", json={
+        "name": "Bare", "alias": "bare", "subject": "{{{s}}}", "html": "<p>x</p>",
+        "variables": [{"key": "s", "type": "string"}],
+    }), 201)
+    ok(await client.post(f"/templates/{created['id']}/publish"))
+    body = {"from": SENDER, "to": "ada@example.com"}
+    for value in ("", "   ", "\n\x01\t", "\u3000"):
+        refused = await client.post(
+            "/emails", json={**body, "template": {"alias": "bare", "variables": {"s": value}}})
+        message = assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+        assert "rendered subject is empty" in message, value
+    ok(await client.post(
+        "/emails", json={**body, "template": {"alias": "bare", "variables": {"s": " Hi "}}}), 202)

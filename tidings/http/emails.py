@@ -8,6 +8,7 @@ team's quota) runs on the asyncio side in one crossing.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -37,6 +38,8 @@ from tidings.storage import templates as template_store
 routes = Routes("Email", storage_units=True)
 
 MAX_BATCH = 100
+# A character a reader sees: neither whitespace nor a control character.
+_VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
 Status = Literal[
     "scheduled", "queued", "sent", "delivered", "delivery_delayed", "bounced",
     "complained", "failed", "suppressed", "canceled",
@@ -191,6 +194,11 @@ async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail
         if len(subject) > MAX_ADDRESS_FIELD:
             raise InputError(422, f"template: the rendered subject has {len(subject)} characters; "
                                   f"a subject has at most {MAX_ADDRESS_FIELD}")
+        if not _VISIBLE.search(subject):
+            # As a subject given directly must hold one character: an email
+            # without one reads as spam, and its variables were likely wrong.
+            raise InputError(422, "template: the rendered subject is empty (its variables "
+                                  "gave it no visible character)")
         if from_ is None and version.from_email is not None:
             from_ = shown(version.from_email, version.from_name)
         if reply_to is None and version.reply_to_email is not None:
