@@ -50,6 +50,21 @@ async def test_a_json_import_with_a_number_json_cannot_hold_is_400(
     assert ok(await client.get("/contacts"))["data"] == []
 
 
+async def test_a_csv_number_of_thousands_of_digits_rejects_its_row_alone(
+    client: httpx.AsyncClient
+) -> None:
+    """Python refuses to read a whole number of over 4,300 digits: such a cell
+    is a number beyond a double, refused with its row, not a failed import."""
+    await define(client, key="seats", type="number")
+    report = await import_csv(
+        client, "email,seats\nbig@example.com," + "1" * 5000
+        + "\nzeros@example.com," + "0" * 5000 + "7\nok@example.com,3\n"
+    )
+    assert rejections(report) == {1: "properties.seats: must be a finite number (at most 1.8e308)"}
+    listed = {c["email"]: c["properties"] for c in ok(await client.get("/contacts"))["data"]}
+    assert listed == {"zeros@example.com": {"seats": 7}, "ok@example.com": {"seats": 3}}
+
+
 async def test_json_import_creates_then_updates(client: httpx.AsyncClient) -> None:
     await define(client, key="plan", type="string")
     await define(client, key="seats", type="number")

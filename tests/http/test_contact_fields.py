@@ -39,6 +39,11 @@ def test_csv_cells_become_typed_property_values() -> None:
     assert property_from_text("string", "007", "p") == "007"
     assert property_from_text("number", "1e3", "p") == 1000.0
     assert property_from_text("number", " .5 ", "p") == 0.5
+    # Beyond what Python's int() reads (4,300 digits): leading zeros go first.
+    assert property_from_text("number", "-" + "0" * 5000 + "7", "p") == -7
+    for text in ("1" * 5000, "-" + "9" * 400, "9" * 310):
+        with pytest.raises(FieldError, match="^p: must be a finite number"):
+            property_from_text("number", text, "p")
     # Decimal notation in ASCII only: not what else Python's int() and float() read.
     for kind, text in [("number", "ten"), ("number", "inf"), ("number", "nan"),
                        ("number", "1_000"), ("number", "١٢"), ("number", "0x10"),

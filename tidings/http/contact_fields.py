@@ -120,11 +120,21 @@ def property_from_text(kind: PropertyType, text: str, field: str) -> Any:
         # scripts' digits ("١٢"), "inf" and "nan".
         if not _DECIMAL.fullmatch(text.strip()):
             raise FieldError(field, f"must be a number, not {text!r}")
-        number: int | float = float(text) if any(c in text for c in ".eE") else int(text)
-        return check_property_value(kind, number, field)
+        return check_property_value(kind, _number(text.strip()), field)
     if kind == "boolean":
         return boolean_from_text(text, field)
     return check_property_value(kind, text, field)
+
+
+def _number(text: str) -> int | float:
+    """A decimal as ``_DECIMAL`` reads it. A whole number of more digits than
+    a double's range holds is infinite (refused as any), not read: Python
+    refuses to read one of over 4,300 digits at all."""
+    if any(c in text for c in ".eE"):
+        return float(text)
+    sign = "-" if text.startswith("-") else ""
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    return float("inf") if len(digits) > 309 else int(sign + digits)
 
 
 _TRUE = frozenset({"true", "yes", "1"})
