@@ -309,6 +309,56 @@ async def test_creates_racing_a_deletion_never_keep_its_key(
         assert await holding_key(service, "plan") == []
 
 
+DEADLOCKS = """
+SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()
+"""
+
+
+async def deadlocks(watcher: Any) -> int:
+    """The deadlocks PostgreSQL has broken in this database: its sessions
+    report them within a second (PostgreSQL 15 and later)."""
+    await watcher.execute("SELECT pg_stat_clear_snapshot()")
+    count: int = await watcher.fetchval(DEADLOCKS)
+    return count
+
+
+async def test_an_import_meeting_a_row_inserted_meanwhile_never_deadlocks_another(
+    client: httpx.AsyncClient, database_url: str, acme: Credential
+) -> None:
+    """Import A meets a row that another request inserted while A ran; import
+    C, which saw that row, locks it to update it and then waits for a row A
+    inserted. A must not then ask for C's row (a deadlock, which the retry
+    hid): it starts again, its updates locked before its inserts."""
+    late = "m.late@example.com"
+    a_rows = [{"email": e} for e in [*emails("a"), late, "z.held@example.com", *emails("z")]]
+    c_rows = [{"email": late, "first_name": "C"}, {"email": "a.00000@example.com"}]
+    reports: dict[str, dict[str, Any]] = {}
+
+    async def run(name: str, rows: list[dict[str, Any]]) -> None:
+        reports[name] = await import_rows(client, rows)
+
+    insert = "INSERT INTO contacts (team_id, email) VALUES ($1, $2)"
+    async with sessions(database_url) as (holder, watcher), triopg.connect(database_url) as other:
+        before = await deadlocks(watcher)
+        async with trio.open_nursery() as nursery:
+            await holder.execute("BEGIN")
+            await holder.execute(insert, acme.team_id, late)
+            await other.execute("BEGIN")
+            await other.execute(insert, acme.team_id, "z.held@example.com")
+            nursery.start_soon(run, "A", a_rows)
+            await wait_for_lock_waiters(watcher, 1)  # A waits for the late row
+            await holder.execute("COMMIT")  # inserted meanwhile: A leaves it
+            await wait_for_lock_waiters(watcher, 1)  # A waits at z.held
+            nursery.start_soon(run, "C", c_rows)  # sees the late row: locks it
+            await wait_for_lock_waiters(watcher, 2)  # C waits for A's a.00000
+            await other.execute("ROLLBACK")
+        await trio.sleep(1.5)  # sessions report their deadlocks within a second
+        assert await deadlocks(watcher) == before
+    assert reports["C"]["rejected_count"] == 0 and reports["A"]["rejected_count"] == 0
+    assert (reports["C"]["created"], reports["C"]["updated"]) == (1, 1)
+    assert (reports["A"]["created"], reports["A"]["updated"]) == (len(a_rows) - 2, 2)
+
+
 async def test_an_import_that_postgresql_ends_in_a_deadlock_runs_again(
     client: httpx.AsyncClient, database_url: str, acme: Credential
 ) -> None:

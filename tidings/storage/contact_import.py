@@ -16,11 +16,12 @@ from tidings.storage.connection import Connection, returned
 from tidings.storage.contact_properties import PropertyType
 from tidings.storage.sms_consent import share_consent_lock
 
-# The bulk import, one pass: rows whose email the team has are updated, the
-# others inserted, all of them added to segment $13 (when not NULL). A row
-# whose email another transaction inserted after this statement's snapshot
-# is neither, and is left for the next pass. Absent values
-# (NULL) never overwrite stored ones; properties are merged key by key.
+# The bulk import, one attempt: rows whose email the team has are updated,
+# the others inserted, all of them added to segment $13 (when not NULL). A
+# row whose email another transaction inserted after this statement's
+# snapshot is neither: the attempt is rolled back and made again (see
+# ``import_contacts``). Absent values (NULL) never overwrite stored ones;
+# properties are merged key by key.
 #
 # Locks are taken in one order, whatever the order of the rows, so that two
 # imports, or an import and the deletion of a property, never wait for each
@@ -150,9 +151,13 @@ SELECT ARRAY(SELECT lower(e.email) FROM unnest($1::text[]) WITH ORDINALITY AS e(
              ORDER BY e.n)
 """
 
-# A row whose email keeps being inserted by others between passes is given up
-# after this many passes and reported back to the caller.
-IMPORT_PASSES = 3
+# A row whose email keeps being inserted by others between attempts is given
+# up after this many attempts and reported back to the caller.
+IMPORT_ATTEMPTS = 3
+
+
+class _Contended(Exception):
+    """Rows met emails inserted meanwhile: the attempt is rolled back."""
 
 
 @dataclass(slots=True)
@@ -205,7 +210,7 @@ async def import_contacts(
     checked_as: Mapping[str, PropertyType],
 ) -> ImportResult:
     """Upsert ``rows`` by email and add them to ``segment_id``: set-based, one
-    statement per pass (normally one pass).
+    statement per attempt (normally one attempt).
 
     Emails must be unique within ``rows`` as ``email_keys`` folds them, and the
     segment the team's. ``checked_as`` are the definitions the rows'
@@ -213,51 +218,69 @@ async def import_contacts(
     is left out, and answered in ``gone``. Run it in a transaction, which
     keeps those definitions until it ends: cancelled or failing, it leaves nothing.
     """
-    created = updated = added = 0
-    gone: dict[int, str] = {}
-    stopped: dict[int, datetime] = {}
-    pending = rows
-    if not pending:
+    if not rows:
         return ImportResult(0, 0, 0, [], {}, {})
-    # A statement of its own, not the connection's cached one: PostgreSQL
-    # plans a fresh statement for the rows it is given, where a cached one
-    # would soon get a generic plan, made for arrays of unknown length and
-    # badly wrong for 50,000 rows. (plan_cache_mode would do it too, but it
-    # would also replan each of the foreign key checks, one per row.)
     if any(r.normalized_phone for r in rows):
         # As a contact write does: a STOP in flight for one of the numbers is
         # waited for, and the statement below (its snapshot taken after)
         # sees it. Held until the import's transaction ends: a STOP for the
         # team waits for the import.
         await share_consent_lock(conn, team_id)
+    # An attempt that meets emails inserted since its snapshot is rolled
+    # back (to a savepoint) and made again whole, rather than finished by a
+    # second statement for those rows: that one would lock them, as contacts
+    # to update, after the rows the first inserted, and so wait in a circle
+    # with an import that locked them first and then waits for one of those
+    # rows. Each attempt locks its updates before its inserts.
+    for attempt in range(1, IMPORT_ATTEMPTS + 1):
+        try:
+            async with conn.transaction():
+                result = await _attempt(conn, team_id, rows, segment_id, checked_as)
+                if result.contended and attempt < IMPORT_ATTEMPTS:
+                    raise _Contended
+                return result
+        except _Contended:
+            pass
+    raise AssertionError("the last attempt returns")
+
+
+async def _attempt(
+    conn: Connection,
+    team_id: UUID,
+    rows: list[ImportRow],
+    segment_id: UUID | None,
+    checked_as: Mapping[str, PropertyType],
+) -> ImportResult:
+    """One statement over every row; the rows it could neither insert nor
+    update are ``contended``."""
+    # A statement of its own, not the connection's cached one: PostgreSQL
+    # plans a fresh statement for the rows it is given, where a cached one
+    # would soon get a generic plan, made for arrays of unknown length and
+    # badly wrong for 50,000 rows. (plan_cache_mode would do it too, but it
+    # would also replan each of the foreign key checks, one per row.)
     statement = await conn.prepare(IMPORT_CONTACTS)
-    for _ in range(IMPORT_PASSES):
-        if not pending:
-            break
-        record = returned(await statement.fetchrow(
-            team_id,
-            [r.row for r in pending],
-            [r.email for r in pending],
-            [r.phone for r in pending],
-            [r.normalized_phone for r in pending],
-            [r.phone_country for r in pending],
-            [r.first_name for r in pending],
-            [r.last_name for r in pending],
-            [r.unsubscribed for r in pending],
-            [r.sms_consent_status for r in pending],
-            [r.sms_consent_source for r in pending],
-            [r.properties for r in pending],
-            segment_id,
-            list(checked_as),
-            list(checked_as.values()),
-        ))
-        inserted_rows = set(record["inserted"])
-        updated_rows = set(record["updated"])
-        created += len(inserted_rows)
-        updated += len(updated_rows)
-        added += record["added"]
-        gone.update(zip(record["gone_rows"], record["gone_keys"], strict=True))
-        stopped.update(zip(record["stopped_rows"], record["stopped_at"], strict=True))
-        done = inserted_rows | updated_rows | set(record["gone_rows"]) | set(record["stopped_rows"])
-        pending = [r for r in pending if r.row not in done]
-    return ImportResult(created, updated, added, [r.row for r in pending], gone, stopped)
+    record = returned(await statement.fetchrow(
+        team_id,
+        [r.row for r in rows],
+        [r.email for r in rows],
+        [r.phone for r in rows],
+        [r.normalized_phone for r in rows],
+        [r.phone_country for r in rows],
+        [r.first_name for r in rows],
+        [r.last_name for r in rows],
+        [r.unsubscribed for r in rows],
+        [r.sms_consent_status for r in rows],
+        [r.sms_consent_source for r in rows],
+        [r.properties for r in rows],
+        segment_id,
+        list(checked_as),
+        list(checked_as.values()),
+    ))
+    inserted, updated = set(record["inserted"]), set(record["updated"])
+    gone = dict(zip(record["gone_rows"], record["gone_keys"], strict=True))
+    stopped = dict(zip(record["stopped_rows"], record["stopped_at"], strict=True))
+    done = inserted | updated | gone.keys() | stopped.keys()
+    return ImportResult(
+        created=len(inserted), updated=len(updated), added_to_segment=record["added"],
+        contended=[r.row for r in rows if r.row not in done], gone=gone, stopped=stopped,
+    )
