@@ -13,9 +13,11 @@ import pytest
 import trio
 
 from tests.sms.helpers import ok, send, settled
-from tests.sms.twilio_double import AUTH_TOKEN, TwilioDouble, twilio_config
+from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble, twilio_config
+from tests.webhooks.receiver import HangUp
 from tidings.config import Config
-from tidings.providers.twilio import signature
+from tidings.providers.sms import AnswerLost, OutgoingSms
+from tidings.providers.twilio import TwilioSms, signature
 from tidings.service import Service
 
 PUBLIC = "https://tidings.example"
@@ -84,6 +86,49 @@ async def test_an_answer_slower_than_half_the_lease_is_unknown_and_not_sent_agai
         assert answer.status_code == 200, answer.text
     found = ok(await client.get(f"/sms/{sms['id']}"))
     assert (found["last_event"], found["message_id"]) == ("delivered", sid)
+
+
+async def test_a_connection_lost_after_the_request_is_unknown_and_not_sent_again(
+    client: httpx.AsyncClient, double: TwilioDouble
+) -> None:
+    """Twilio read the request and took the message, then the connection
+    went with no answer: it is no refusal to send again (it would text the
+    person twice), but a lost answer."""
+    async def hang_up(_sid: str) -> None:
+        raise HangUp
+
+    double.before_created = hang_up
+    sms = await send(client, **{"from": SENDER})
+    lost = await settled(client, sms["id"], "unknown")
+    assert lost["failure"]["code"] == "answer_lost"
+    assert "RemoteProtocolError" in lost["failure"]["message"]
+    await trio.sleep(LEASE * 2)  # past the lease and the first retry's time
+    assert len(double.sends) == 1
+
+
+async def test_a_send_that_could_not_reach_twilio_is_retried_one_that_reached_it_is_lost(
+    double: TwilioDouble,
+) -> None:
+    """Refused at connect, the request never left: a retry cannot text the
+    person twice. Read by Twilio and unanswered, it may have been taken."""
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    refusing = listener.getsockname()[1]
+    listener.close()  # nothing listens there: the connection is refused
+    outgoing = OutgoingSms(message_id=uuid4(), team_id=uuid4(), to="+14155550123",
+                           sender=SENDER, body="hi", status_callback=None)
+    async with httpx.AsyncClient(auth=(ACCOUNT_SID, AUTH_TOKEN)) as http:
+        refused = await TwilioSms(http, f"http://127.0.0.1:{refusing}", ACCOUNT_SID).send(outgoing)
+        assert refused.retry is not None and refused.provider_message_id is None
+        assert double.sends == []
+
+        async def hang_up(_sid: str) -> None:
+            raise HangUp
+
+        double.before_created = hang_up
+        with pytest.raises(AnswerLost, match="RemoteProtocolError"):
+            await TwilioSms(http, double.base, ACCOUNT_SID).send(outgoing)
+        assert len(double.sends) == 1
 
 
 async def test_a_send_begun_by_a_process_that_stopped_is_not_made_again(

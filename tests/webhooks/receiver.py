@@ -28,6 +28,11 @@ class Received:
         return document
 
 
+class HangUp(Exception):
+    """Raised by ``respond``: the connection closes with no answer (a server
+    that read the request, maybe acted on it, and went away)."""
+
+
 # What to answer: (status, body, extra headers).
 Answer = tuple[int, bytes, dict[str, str]]
 Respond = Callable[[Received], Awaitable[Answer]]
@@ -91,6 +96,9 @@ class Receiver:
                 self.most_in_flight = max(self.most_in_flight, self.in_flight)
                 try:
                     status, payload, extra = await self.respond(request)
+                except HangUp:
+                    await stream.aclose()
+                    return
                 finally:
                     self.in_flight -= 1
                 lines = [f"HTTP/1.1 {status} Status", f"Content-Length: {len(payload)}"]

@@ -41,6 +41,7 @@ from tidings.actors.runtime import Runtime
 from tidings.config import Config
 from tidings.providers.sms import (
     MAX_RETRY_AFTER,
+    AnswerLost,
     OutgoingSms,
     Retry,
     SmsProvider,
@@ -138,6 +139,8 @@ class SmsSide:
         with trio.move_on_after(seconds) as deadline:
             try:
                 result = await self.provider.send(outgoing)
+            except AnswerLost as lost:
+                return self._answer_lost(sms, name, processing, str(lost))
             except Exception as failure:  # a provider bug: retried, never a stuck message
                 log.exception("sending SMS %s failed unexpectedly", sms.id)
                 result = SmsResult(name, None, retry=Retry(

@@ -81,6 +81,13 @@ class ProviderUnavailable(Exception):
         self.retry_after = retry_after
 
 
+class AnswerLost(Exception):
+    """A send's request went out and its answer did not come back (no
+    answer in time, the connection closed, a broken answer): the provider
+    may have taken the message. Raised by ``send``; the message is not sent
+    again (``texts_people``)."""
+
+
 @dataclass(frozen=True)
 class Retry:
     """The provider did not take the message now (429, 5xx, unreachable):
@@ -135,8 +142,9 @@ class SmsProvider(Protocol):
         ...
 
     async def send(self, sms: OutgoingSms) -> SmsResult:
-        """Hand ``sms`` over. Cancelled midway, the provider may have taken it
-        without a result: the caller must not send it again (``texts_people``)."""
+        """Hand ``sms`` over. Cancelled midway, or raising ``AnswerLost``, the
+        provider may have taken it without a result: the caller must not
+        send it again (``texts_people``)."""
         ...
 
     async def fetch(self, provider_message_id: str) -> SmsUpdate | None:

@@ -44,6 +44,7 @@ from tidings.config import Config
 from tidings.providers.sms import (
     MAX_RETRY_AFTER,
     NOW,
+    AnswerLost,
     OutgoingSms,
     ProviderUnavailable,
     Retry,
@@ -60,6 +61,13 @@ log = logging.getLogger("tidings.twilio")
 NAME = "twilio"
 API_VERSION = "2010-04-01"
 TIMEOUT_SECONDS = 15.0
+# Failures of a send before its request could reach Twilio whole: Twilio
+# took nothing, and the message may be sent again. Any other failure comes
+# after the request went out.
+NOT_SENT = (
+    httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteError,
+    httpx.WriteTimeout, httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.ProxyError,
+)
 
 # Twilio's message statuses -> Tidings'. Twilio has taken a message once it is
 # accepted, scheduled, queued or sending; ``sent`` means a carrier took it.
@@ -225,8 +233,12 @@ class TwilioSms:
             form["StatusCallback"] = sms.status_callback
         try:
             response = await self._client.post(f"{self._account}/Messages.json", data=form)
-        except httpx.HTTPError as error:
+        except NOT_SENT as error:
             return SmsResult(NAME, None, retry=Retry(None, unreachable(error)))
+        except httpx.HTTPError as error:
+            # After the request went out (no answer in time, the connection
+            # closed, a broken answer): Twilio may have taken the message.
+            raise AnswerLost(unreachable(error)) from None
         status = response.status_code
         body = _json(response) or {}
         if status == 429 or status >= 500:
