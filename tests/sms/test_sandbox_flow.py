@@ -5,6 +5,8 @@ then send is 202."""
 
 from __future__ import annotations
 
+from uuid import UUID
+
 import httpx
 import pytest
 import trio
@@ -14,6 +16,8 @@ from tests.sms.helpers import NUMBER, event_types, later, ok, send, settled
 from tests.webhooks.receiver import Receiver
 from tidings.config import Config
 from tidings.providers.twilio import signature
+from tidings.service import Service
+from tidings.storage.sms_sending import record_due_followups
 
 TOKEN = "twilio-test-auth-token"
 PUBLIC = "https://tidings.example"
@@ -260,3 +264,25 @@ async def test_events_of_one_moment_are_listed_newest_first(
     for sms_id in ids:
         mine = [e["type"].removeprefix("message.") for e in listed if e["message_id"] == sms_id]
         assert mine == lifecycle[::-1], (sms_id, mine)
+
+
+async def test_statuses_falling_due_together_are_applied_in_the_order_they_fell_due(
+    sms_client: httpx.AsyncClient, service: Service
+) -> None:
+    """A drain that finds ``sent`` and ``delivered`` both due (after a
+    restart, or running late) records both: the rows come out of their
+    table in any order, and a ``sent`` after ``delivered`` would be dropped."""
+    sms = await send(sms_client, scheduled_at=later(hours=1))
+    insert = (
+        "INSERT INTO sms_followups (sms_id, kind, status, provider, due_at) "
+        "VALUES ($1, 'status', $2, 'sandbox', now() - $3 * interval '1 second')"
+    )
+    async with service.db.transaction() as conn:
+        # Stored latest first, as a table reusing its free space may hold them.
+        for status, ago in (("delivered", 1), ("sent", 2), ("submitted", 3)):
+            await conn.execute(insert, UUID(sms["id"]), status, ago)
+        taken, _ = await record_due_followups(conn, 100)
+    assert taken == 3
+    assert await event_types(sms_client, sms["id"]) == [  # by when they happened
+        "message.submitted", "message.sent", "message.delivered", "message.queued"
+    ]

@@ -100,9 +100,12 @@ TAKE_FOLLOWUPS = """
 WITH due AS (
     SELECT id FROM email_followups WHERE due_at <= now()
     ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED
+), taken AS (
+    DELETE FROM email_followups f USING due WHERE f.id = due.id
+    RETURNING f.email_id, f.recipient, f.type, f.provider, f.code, f.message, f.due_at
 )
-DELETE FROM email_followups f USING due WHERE f.id = due.id
-RETURNING f.email_id, f.recipient, f.type, f.provider, f.code, f.message
+-- In the order they fell due (a DELETE returns its rows in no order).
+SELECT * FROM taken ORDER BY due_at
 """
 
 FOLLOWUP_DUE_IN = "SELECT extract(epoch FROM min(due_at) - now())::float8 FROM email_followups"

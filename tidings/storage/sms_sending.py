@@ -82,15 +82,20 @@ SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
 
 # Due followups of every team, taken out in the transaction that records
 # them, so that a crash loses none and none is recorded twice.
+# In the order they fell due: a DELETE returns its rows in no order, and a
+# message's statuses are applied in the order given (a ``sent`` after its
+# ``delivered`` would be dropped as a move backwards).
 TAKE_FOLLOWUPS = """
 WITH due AS (
     SELECT id FROM sms_followups WHERE due_at <= now()
     ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED
+), taken AS (
+    DELETE FROM sms_followups f USING due, sms_messages m
+    WHERE f.id = due.id AND m.id = f.sms_id
+    RETURNING f.sms_id, f.kind, f.status, f.body, f.code, f.message, f.provider, f.due_at,
+              m.team_id, m.to_number
 )
-DELETE FROM sms_followups f USING due, sms_messages m
-WHERE f.id = due.id AND m.id = f.sms_id
-RETURNING f.sms_id, f.kind, f.status, f.body, f.code, f.message, f.provider, f.due_at,
-          m.team_id, m.to_number
+SELECT * FROM taken ORDER BY due_at
 """
 
 FOLLOWUP_DUE_IN = "SELECT extract(epoch FROM min(due_at) - now())::float8 FROM sms_followups"
