@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -389,3 +391,84 @@ def test_metric_directories_of_sets_whose_parent_is_gone_are_removed() -> None:
     finally:
         shutil.rmtree(orphan, ignore_errors=True)
         shutil.rmtree(live, ignore_errors=True)
+
+
+async def _trickle(port: int, token: str, during: float, signal_after: float,
+                   signal: Callable[[], None]) -> bytes:
+    """A POST /contacts whose body trickles in over ``during`` seconds,
+    ``signal`` called ``signal_after`` seconds in; the answer (b"" if none)."""
+    body = b'{"email": "slow@example.com"}'
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(
+            b"POST /contacts HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + token.encode() + b"\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        pause = during / len(body)
+        try:
+            for index, byte in enumerate(body):
+                if index == round(signal_after / pause):
+                    signal()
+                await stream.send_all(bytes([byte]))
+                await trio.sleep(pause)
+            with trio.fail_after(10):
+                return await stream.receive_some(65536)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+
+
+async def _token(env: dict[str, str]) -> str:
+    created = await trio.run_process(
+        [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
+        env=env, capture_stdout=True,
+    )
+    token: str = json.loads(created.stdout)["token"]
+    return token
+
+
+async def test_a_stop_of_the_whole_group_still_lets_requests_finish(tmp_path: Path) -> None:
+    """systemd's default stop signals the parent and every worker at once,
+    and the parent forwards its own: one stop, not a second signal that
+    would cut the request in flight short."""
+    port, env, process = await start_set(tmp_path / "data")
+    try:
+        pids = await worker_pids(f"http://127.0.0.1:{port}")
+        token = await _token(env)
+
+        def stop_group() -> None:
+            for pid in (process.pid, *pids):
+                os.kill(pid, signal.SIGTERM)
+
+        answer = await _trickle(port, token, during=4, signal_after=1, signal=stop_group)
+        assert answer.startswith(b"HTTP/1.1 201"), answer
+        with trio.fail_after(15):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_a_second_signal_to_the_parent_stops_the_workers_at_once(tmp_path: Path) -> None:
+    """As a single process does: the first drains (grace 30 s), the second
+    ends what is left now."""
+    port, env, process = await start_set(tmp_path / "data")
+    try:
+        token = await _token(env)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(
+                _trickle, port, token, during=60, signal_after=0.5,
+                signal=lambda: process.send_signal(signal.SIGTERM),
+            ))
+            await trio.sleep(2)
+            started = trio.current_time()
+            process.send_signal(signal.SIGTERM)
+            with trio.fail_after(10):
+                await process.wait()
+            assert trio.current_time() - started < 8  # well within the 30 s grace
+            nursery.cancel_scope.cancel()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -36,6 +36,7 @@ from tidings.workers import (
     MAX_WORKERS,
     resolve_checked_url,
     run_workers,
+    stop_signals,
     watch_parent,
 )
 
@@ -59,7 +60,7 @@ async def run_until_signal(
 
     async def watch_signals(cancel_scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
+            async for signum in stop_signals(signals):
                 if stop.is_set():
                     log.warning("second signal: stopping now")
                     cancel_scope.cancel()

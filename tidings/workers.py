@@ -4,7 +4,8 @@ Each worker is a whole ``tidings serve`` process (its own HTTP server,
 actors and connection pool) bound to the same address with ``SO_REUSEPORT``,
 so the kernel spreads new connections across them. They share work through
 PostgreSQL as separate processes always do. This process only starts them,
-forwards SIGTERM/Ctrl-C to them once, and waits. With the embedded
+forwards SIGTERM/Ctrl-C to them (a second one too: they stop at once), and
+waits. With the embedded
 PostgreSQL it starts the server first and hands its URL to the workers, so
 they do not race to start it, and it stops the server after the last worker.
 It also hands them one sealing key (``tidings.sealing``, through
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -57,6 +58,8 @@ log = logging.getLogger("tidings")
 # flight: its actors' stop (tidings.cli.ACTOR_STOP_SECONDS) and a margin.
 STOP_MARGIN_SECONDS = 6.5
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Signals to a worker this close together are one stop (``stop_signals``).
+SAME_STOP_SECONDS = 1.0
 # A worker that exits on its own is replaced, unless this many were already
 # replaced within the window: then the set stops (exit status 1).
 RESTARTS = 5
@@ -196,25 +199,54 @@ def port_lock(host: str, port: int) -> Iterator[None]:
         lock.close()
 
 
-def _stop(workers: list[subprocess.Popen[bytes]], seconds: float) -> bool:
-    """SIGTERM each worker once; kill what outlives ``seconds``. True if all
-    stopped cleanly: exit status 0, or ended by that SIGTERM before they
-    had set up their own handling (while starting, with nothing in flight)."""
+def _signal(workers: list[subprocess.Popen[bytes]]) -> None:
     for worker in workers:
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
-    clean = True
-    deadline = time.monotonic() + seconds
-    for worker in workers:
-        try:
-            code = worker.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("worker %d still running %.1f s after the signal: killing it",
-                        worker.pid, seconds)
-            worker.kill()
-            code = worker.wait()
-        clean = clean and code in (0, -signal.SIGTERM)
-    return clean
+
+
+def _stop(workers: list[subprocess.Popen[bytes]], seconds: float, received: list[int]) -> bool:
+    """SIGTERM each worker; kill what outlives ``seconds``. A signal to this
+    process after the one that stops the set (``received`` grows) is sent on
+    too, once at least ``SAME_STOP_SECONDS`` after the first: the workers
+    then stop at once, as a single process does on a second signal. True if
+    all stopped cleanly: exit status 0, or ended by that SIGTERM before they
+    had set up their own handling (while starting, with nothing in flight)."""
+    _signal(workers)
+    signalled, seen = time.monotonic(), len(received)
+    deadline = signalled + seconds
+    while any(worker.poll() is None for worker in workers):
+        now = time.monotonic()
+        if len(received) > seen and now - signalled >= SAME_STOP_SECONDS:
+            log.warning("second signal: stopping the workers now")
+            _signal(workers)
+            signalled, seen = now, len(received)
+        if now >= deadline:
+            for worker in workers:
+                if worker.poll() is None:
+                    log.warning("worker %d still running %.1f s after the signal: killing it",
+                                worker.pid, seconds)
+                    worker.kill()
+                    worker.wait()
+        time.sleep(0.05)  # a signal runs ``note``; the next turn sees it
+    return all(worker.returncode in (0, -signal.SIGTERM) for worker in workers)
+
+
+async def stop_signals(signals: AsyncIterator[int]) -> AsyncIterator[int]:
+    """The signals that stop this process: in a worker, one that comes within
+    ``SAME_STOP_SECONDS`` of the first is the same stop, not a second one. A
+    stop of the whole group (systemd's default ``KillMode``, a container's
+    stop) signals each worker and the parent at once, and the parent sends
+    its own on: two signals that mean one graceful stop."""
+    first: float | None = None
+    async for signum in signals:
+        now = trio.current_time()
+        if first is not None and now - first < SAME_STOP_SECONDS and os.environ.get(PARENT_ENV):
+            log.info("%s again within %g s: the same stop", signal.Signals(signum).name,
+                     SAME_STOP_SECONDS)
+            continue
+        first = now if first is None else first
+        yield signum
 
 
 def run_workers(config: Config, host: str, port: int, count: int) -> int:
@@ -305,7 +337,7 @@ def _serve(
         if received:
             log.info("%s received: stopping %d workers", signal.Signals(received[0]).name,
                      count)
-            return 0 if _stop(workers, stop_seconds) else 1
+            return 0 if _stop(workers, stop_seconds, received) else 1
         for index, worker in enumerate(workers):
             if worker.poll() is None:
                 continue
@@ -315,7 +347,7 @@ def _serve(
                 log.error("worker %d exited with %d, after %d restarts within %.0f s: "
                           "stopping the others", worker.pid, worker.returncode, len(restarts),
                           RESTART_WINDOW_SECONDS)
-                _stop(workers, stop_seconds)
+                _stop(workers, stop_seconds, received)
                 return 1
             restarts.append(now)
             workers[index] = start()
