@@ -384,3 +384,72 @@ async def test_a_connection_lost_in_one_recipients_transaction_defers_that_one_o
         [b"MAIL FROM:<b-1@bounces.acme.example>", b"MAIL FROM:<b-2@bounces.acme.example>"],
         [b"MAIL FROM:<b-3@bounces.acme.example>"],
     ]
+
+
+@pytest.mark.parametrize("pipelining", [True, False])
+@pytest.mark.parametrize("at", ["MAIL", "RCPT"])
+async def test_a_421_that_closes_the_channel_is_the_reply_recorded(
+    pipelining: bool, at: str
+) -> None:
+    """RFC 5321 §3.8: the server answers 421 and closes. The recipient is
+    deferred with that reply, not with "connection lost"."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def serve(stream: trio.SocketStream) -> None:
+        buffer = b""
+
+        async def line() -> bytes:
+            nonlocal buffer
+            while b"\r\n" not in buffer:
+                buffer += await stream.receive_some(65536)
+            head, _, buffer = buffer.partition(b"\r\n")
+            return head
+
+        await stream.send_all(b"220 ready\r\n")
+        await line()
+        await stream.send_all(b"250-fake\r\n250 PIPELINING\r\n" if pipelining else b"250 fake\r\n")
+        if at == "RCPT":
+            await line()
+            await stream.send_all(b"250 ok\r\n")
+        await line()
+        await stream.send_all(b"421 4.7.0 too many connections, closing\r\n")
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, serve, listeners)
+        provider = SmtpProvider(url(port), "mx.tidings.example")
+        with trio.fail_after(5):
+            result = await provider.send(outgoing("ada@example.org"))
+            await provider.aclose()
+        nursery.cancel_scope.cancel()
+    assert not result.outcomes
+    assert [(d.code, d.message) for d in result.deferred] == [
+        ("421", "4.7.0 too many connections, closing")
+    ]
+
+
+async def test_a_reply_of_endless_lines_ends_the_connection() -> None:
+    """A relay cannot make Tidings hold an unbounded reply."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    sent = 0
+
+    async def serve(stream: trio.SocketStream) -> None:
+        nonlocal sent
+        try:
+            while True:
+                await stream.send_all(b"220-" + b"x" * 90 + b"\r\n")
+                sent += 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, serve, listeners)
+        provider = SmtpProvider(url(port), "mx.tidings.example")
+        with trio.fail_after(5):
+            result = await provider.send(outgoing("ada@example.org"))
+        nursery.cancel_scope.cancel()
+    [deferral] = result.deferred
+    assert "more than 200 lines" in (deferral.message or "")
+    assert sent < 5000  # what the kernel's buffers took before the connection ended

@@ -40,6 +40,11 @@ from tidings.config import SmtpUrl
 SOCKET_TIMEOUT_SECONDS = 60.0
 # A reply line longer than this (RFC 5321 allows 512 octets) ends the connection.
 MAX_LINE = 4096
+# "Service not available, closing transmission channel" (RFC 5321 §4.2.3).
+CLOSING = 421
+# A reply of more lines than this ends the connection too: EHLO's, the
+# longest a relay sends, has a line per extension, a dozen or two.
+MAX_REPLY_LINES = 200
 _LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
 
 
@@ -125,6 +130,8 @@ class SmtpConnection:
             if len(line) < 3 or not line[:3].isdigit():
                 raise _Lost(f"not an SMTP reply: {line[:80]!r}")
             lines.append(line[4:].decode("utf-8", "replace"))
+            if len(lines) > MAX_REPLY_LINES:
+                raise _Lost(f"a reply of more than {MAX_REPLY_LINES} lines")
             if line[3:4] != b"-":
                 return Reply(int(line[:3]), "\n".join(lines))
 
@@ -288,23 +295,33 @@ async def send(
         mail += " BODY=8BITMIME SMTPUTF8" if not message.isascii() else " SMTPUTF8"
     try:
         with trio.fail_after(SOCKET_TIMEOUT_SECONDS):
+            # A 421 ends the dialogue: the server closes the channel after it
+            # (RFC 5321 §3.8), and it is the reply to record.
             if conn.pipelining:
                 # One write for the envelope and DATA; the replies come in order.
                 group = "".join(f"{c}\r\n" for c in (mail, *rcpts, "DATA"))
                 await conn.write(group.encode("utf-8", "replace"))
                 result.mail = await conn.reply()
                 answered = True
+                if result.mail.code == CLOSING:
+                    return result
                 for recipient in recipients:
-                    result.recipients[recipient] = await conn.reply()
+                    reply = result.recipients[recipient] = await conn.reply()
+                    if reply.code == CLOSING:
+                        return result
                 data = await conn.reply()
             else:
                 result.mail = await conn.command(mail)
                 answered = True
+                if result.mail.code == CLOSING:
+                    return result
                 if not result.mail.positive:
                     await _reset(conn)
                     return result
                 for recipient, line in zip(recipients, rcpts, strict=True):
-                    result.recipients[recipient] = await conn.command(line)
+                    reply = result.recipients[recipient] = await conn.command(line)
+                    if reply.code == CLOSING:
+                        return result
                 if not any(r.positive for r in result.recipients.values()):
                     await _reset(conn)
                     return result
@@ -320,9 +337,10 @@ async def send(
                 else:
                     await _reset(conn)
                 return result
-            if accepted:
+            if accepted or data.code == CLOSING:
                 result.data = data
-            await _reset(conn)
+            if data.code != CLOSING:
+                await _reset(conn)
             return result
     except (*_BROKEN, _Lost) as error:
         message_text = str(error) or type(error).__name__
