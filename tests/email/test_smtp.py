@@ -453,3 +453,82 @@ async def test_a_reply_of_endless_lines_ends_the_connection() -> None:
     [deferral] = result.deferred
     assert "more than 200 lines" in (deferral.message or "")
     assert sent < 5000  # what the kernel's buffers took before the connection ended
+
+
+async def _slow_relay(
+    listeners: list[trio.SocketListener], stall: set[str], delay: float
+) -> None:
+    """A relay that never answers RCPT for the local parts in ``stall`` (a
+    tarpit) and answers every other RCPT after ``delay`` seconds."""
+
+    async def serve(stream: trio.SocketStream) -> None:
+        buffer = b""
+
+        async def line() -> bytes:
+            nonlocal buffer
+            while b"\r\n" not in buffer:
+                data = await stream.receive_some(65536)
+                if not data:
+                    raise trio.BrokenResourceError
+                buffer += data
+            head, _, buffer = buffer.partition(b"\r\n")
+            return head
+
+        try:
+            await stream.send_all(b"220 ready\r\n")
+            await line()
+            await stream.send_all(b"250 fake\r\n")
+            while True:
+                command = await line()
+                if command.startswith(b"RCPT"):
+                    if command.split(b"<")[1].split(b"@")[0].decode() in stall:
+                        await trio.sleep_forever()
+                    await trio.sleep(delay)
+                if command == b"DATA":
+                    await stream.send_all(b"354 go\r\n")
+                    while await line() != b".":
+                        pass
+                    await stream.send_all(b"250 queued\r\n")
+                elif command == b"QUIT":
+                    await stream.send_all(b"221 bye\r\n")
+                    return
+                else:
+                    await stream.send_all(b"250 ok\r\n")
+        except trio.BrokenResourceError:
+            pass
+
+    await trio.serve_listeners(serve, listeners)
+
+
+async def test_a_team_whose_recipients_stall_holds_at_most_half_the_connections() -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    acme, beta = uuid.uuid4(), uuid.uuid4()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_slow_relay, listeners, {"tarpit"}, 0.0)
+        provider = SmtpProvider(url(port), "mx.tidings.example", connections=2)
+        for n in range(3):  # acme's three emails, each stuck at its RCPT
+            nursery.start_soon(provider.send, outgoing(f"tarpit@d{n}.example", team_id=acme))
+        await trio.sleep(0.5)
+        with trio.fail_after(3):
+            result = await provider.send(outgoing("ok@example.org", team_id=beta))
+        assert [o.type for o in result.outcomes] == ["sent"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_email_holds_its_connection_for_a_bounded_time_per_try() -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_slow_relay, listeners, set(), 0.6)
+        provider = SmtpProvider(url(port), "mx.tidings.example", email_seconds=1.0)
+        with trio.fail_after(5):
+            result = await provider.send(
+                outgoing("a@example.org", "b@example.org", "c@example.org", "d@example.org"))
+            await provider.aclose()
+        nursery.cancel_scope.cancel()
+    assert [o.recipient for o in result.outcomes] == ["a@example.org", "b@example.org"]
+    assert [(d.recipient, d.code) for d in result.deferred] == [
+        ("c@example.org", None), ("d@example.org", None)
+    ]
+    assert "took too long" in (result.deferred[0].message or "")

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from email.utils import parseaddr
+from uuid import UUID
 
 import trio
 
@@ -55,6 +56,10 @@ RENDER_BATCH = 16
 # such emails would hold both threads, and every other email, of every team,
 # would wait behind them.
 LARGE_BYTES = 64 * 1024
+# How long one try of an email may hold its connection, recipient after
+# recipient; the recipients left then are deferred to its next try.
+EMAIL_SECONDS = 2 * smtp_client.SOCKET_TIMEOUT_SECONDS
+OUT_OF_TIME = "not tried: the email's recipients took too long on this try"
 
 
 def render(email: OutgoingEmail) -> bytes:
@@ -206,11 +211,14 @@ class SmtpProvider:
         *,
         connections: int = 8,
         tls_context: ssl.SSLContext | None = None,
+        email_seconds: float = EMAIL_SECONDS,
     ) -> None:
         self.url = url
         self.helo_name = helo_name
         self.tls_context = tls_context or ssl.create_default_context()
         self._slots = trio.CapacityLimiter(connections)
+        self._shares: dict[UUID, trio.CapacityLimiter] = {}
+        self.email_seconds = email_seconds
         # Building and signing (CPU; OpenSSL's RSA runs without the GIL).
         self._renderer = Renderer(RENDER_THREADS)
         self._large_renderer = Renderer(1, batch=1)
@@ -232,10 +240,17 @@ class SmtpProvider:
         reference = message_id(email.message_id, domain)
         progress.provider_message_id = reference
         outcomes, deferred = progress.outcomes, progress.deferred
-        async with self._slots:
+        async with self._team_share(email.team_id), self._slots:
             # Only _transact awaits with it, and closes it when cut short.
             conn: SmtpConnection | None = None
+            budget = trio.current_time() + self.email_seconds
             for position, recipient in enumerate(email.recipients):
+                if trio.current_time() >= budget:
+                    # Recipients whose servers answer slowly (a tarpit) hold
+                    # the connection no longer: the rest wait for the next try.
+                    deferred.extend(Deferral(r, None, OUT_OF_TIME)
+                                    for r in email.recipients[position:])
+                    break
                 conn, done = await self._transact(
                     conn, email.return_paths[recipient], recipient, message
                 )
@@ -254,6 +269,23 @@ class SmtpProvider:
             if conn is not None:
                 await self._give_back(conn)
         return EmailResult(NAME, reference, tuple(outcomes), tuple(deferred))
+
+    @asynccontextmanager
+    async def _team_share(self, team_id: UUID) -> AsyncIterator[None]:
+        """A place among the at most half of the connections one team may
+        hold at once (all of them when there is one): a team whose
+        recipients' servers answer slowly cannot hold up every other team's mail."""
+        share = self._shares.get(team_id)
+        if share is None:
+            share = self._shares[team_id] = trio.CapacityLimiter(
+                max(1, int(self._slots.total_tokens) // 2)
+            )
+        try:
+            async with share:
+                yield
+        finally:
+            if share.borrowed_tokens == 0 and not share.statistics().tasks_waiting:
+                self._shares.pop(team_id, None)
 
     async def _transact(
         self, conn: SmtpConnection | None, mail_from: str, recipient: str, message: bytes
