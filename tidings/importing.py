@@ -177,7 +177,12 @@ def import_file(
             try:
                 response = client.post("/contacts/import", content=body, params=params)
             except httpx.HTTPError as error:
-                raise ImportFailed(f"cannot reach {url}: {error}") from None
+                last = min(offset + batch_size, total)
+                done = f"rows 1 to {offset} were imported; " if offset else ""
+                raise ImportFailed(
+                    f"cannot reach {url}: {error} ({done}rows {offset + 1} to {last} may or "
+                    "may not have been: importing them again is safe, rows are matched by email)"
+                ) from None
             if progress is not None:
                 progress.stopped()
             if not response.is_success:

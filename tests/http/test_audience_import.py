@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import trio
 
 from tests.conftest import Credential, assert_error
 from tests.http.audience import create, define, make, ok, tidings
-from tidings import cli
+from tests.webhooks.receiver import Answer, HangUp, Received, Receiver
+from tidings import cli, importing
 from tidings.config import Config
 from tidings.service import Service
 
@@ -520,3 +522,30 @@ def test_cli_batch_size_is_checked(tmp_path: Path) -> None:
         with pytest.raises(SystemExit, match="--batch-size must be 1 to 50000"):
             cli.main(["contacts", "import", str(path), "--team-token", "svc_team_x",
                       "--batch-size", size])
+
+
+async def test_cli_import_cut_off_mid_file_says_which_rows_were_imported(tmp_path: Path) -> None:
+    """The service goes away after the first request: the rows it imported
+    are named, and the ones whose request got no answer."""
+    answered = 0
+
+    async def respond(_request: Received) -> Answer:
+        nonlocal answered
+        answered += 1
+        if answered > 1:
+            raise HangUp
+        report = {"rows": 2, "created": 2, "updated": 0, "rejected_count": 0, "rejected": [],
+                  "added_to_segment": 0}
+        return 200, json.dumps({"success": True, "data": report}).encode(), {}
+
+    path = tmp_path / "contacts.csv"
+    path.write_text("email\n" + "".join(f"r{n}@example.com\n" for n in range(5)))
+    receiver = Receiver(respond)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(receiver.serve)
+        base = receiver.url.removesuffix("/hook")
+        with pytest.raises(importing.ImportFailed) as failed:
+            await trio.to_thread.run_sync(
+                partial(importing.import_file, path, base, "svc_team_x", None, batch_size=2))
+        nursery.cancel_scope.cancel()
+    assert "rows 1 to 2 were imported; rows 3 to 4 may or may not have been" in str(failed.value)
