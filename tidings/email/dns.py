@@ -6,6 +6,7 @@ resolver configuration. Nothing is cached: each check asks again.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import dns.asyncresolver
@@ -17,6 +18,8 @@ import trio
 
 from tidings.email.records import Record, Status, judge
 
+log = logging.getLogger(__name__)
+
 TIMEOUT_SECONDS = 5.0
 
 Nameserver = tuple[str, int]
@@ -25,6 +28,14 @@ Nameserver = tuple[str, int]
 class LookupFailed(Exception):
     """DNS gave no answer either way (timeout, SERVFAIL, refused): the record's
     state is unknown, which is not the same as missing."""
+
+
+def _kind(error: dns.exception.DNSException) -> str:
+    if isinstance(error, dns.resolver.LifetimeTimeout | dns.exception.Timeout):
+        return "no name server answered in time"
+    if isinstance(error, dns.resolver.NoNameservers):
+        return "every name server failed to answer (SERVFAIL, REFUSED or a bad answer)"
+    return f"the lookup failed ({type(error).__name__})"
 
 
 class Resolver:
@@ -51,7 +62,11 @@ class Resolver:
         except dns.resolver.NXDOMAIN:
             return []
         except dns.exception.DNSException as error:
-            raise LookupFailed(f"{record_type} {name}: {error}") from error
+            # The kind of failure, not dnspython's words: they name the
+            # operator's name servers ("Server Do53:10.0.0.2@53 answered
+            # SERVFAIL"), which a team has no business knowing.
+            log.warning("DNS lookup of %s %s failed: %s", record_type, name, error)
+            raise LookupFailed(f"{record_type} {name}: {_kind(error)}") from error
         found: list[str] = []
         for rdata in answer.rrset or ():
             if rdata.rdtype == dns.rdatatype.TXT:
