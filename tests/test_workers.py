@@ -192,29 +192,10 @@ async def test_workers_refuse_a_taken_port_and_finish_slow_requests_on_sigterm(
         assert second.returncode == 1
         assert f"cannot listen on 127.0.0.1:{port}" in second.stderr.decode()
 
-        created = await trio.run_process(
-            [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
-            env=env, capture_stdout=True,
-        )
-        token = json.loads(created.stdout)["token"]
-        body = b'{"email": "slow@example.com"}'
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(
-            b"POST /contacts HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
-            b"Authorization: Bearer " + token.encode() + b"\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body)
-        )
-        # The body trickles in over about 12 s; the signal comes after 1 s.
-        pause = 12 / len(body)
-        for index, byte in enumerate(body):
-            if index == round(1 / pause):
-                process.send_signal(signal.SIGTERM)
-            await stream.send_all(bytes([byte]))
-            await trio.sleep(pause)
-        with trio.fail_after(10):
-            answer = await stream.receive_some(65536)
+        token = await _token(env)
+        answer = await _trickle(port, token, during=12, signal_after=1,
+                                signal=lambda: process.send_signal(signal.SIGTERM))
         assert answer.startswith(b"HTTP/1.1 201"), answer
-        await stream.aclose()
         with trio.fail_after(15):
             assert await process.wait() == 0
         # Its connections in TIME-WAIT do not keep it from starting again at once.

@@ -386,6 +386,24 @@ async def test_a_connection_lost_in_one_recipients_transaction_defers_that_one_o
     ]
 
 
+class Lines:
+    """What a relay of the tests reads: its client's lines, one at a time
+    (without their CRLF); a client gone is BrokenResourceError."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def __call__(self) -> bytes:
+        while b"\r\n" not in self.buffer:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                raise trio.BrokenResourceError
+            self.buffer += data
+        head, _, self.buffer = self.buffer.partition(b"\r\n")
+        return head
+
+
 @pytest.mark.parametrize("pipelining", [True, False])
 @pytest.mark.parametrize("at", ["MAIL", "RCPT"])
 async def test_a_421_that_closes_the_channel_is_the_reply_recorded(
@@ -397,15 +415,7 @@ async def test_a_421_that_closes_the_channel_is_the_reply_recorded(
     port = listeners[0].socket.getsockname()[1]
 
     async def serve(stream: trio.SocketStream) -> None:
-        buffer = b""
-
-        async def line() -> bytes:
-            nonlocal buffer
-            while b"\r\n" not in buffer:
-                buffer += await stream.receive_some(65536)
-            head, _, buffer = buffer.partition(b"\r\n")
-            return head
-
+        line = Lines(stream)
         await stream.send_all(b"220 ready\r\n")
         await line()
         await stream.send_all(b"250-fake\r\n250 PIPELINING\r\n" if pipelining else b"250 fake\r\n")
@@ -462,18 +472,7 @@ async def _slow_relay(
     tarpit) and answers every other RCPT after ``delay`` seconds."""
 
     async def serve(stream: trio.SocketStream) -> None:
-        buffer = b""
-
-        async def line() -> bytes:
-            nonlocal buffer
-            while b"\r\n" not in buffer:
-                data = await stream.receive_some(65536)
-                if not data:
-                    raise trio.BrokenResourceError
-                buffer += data
-            head, _, buffer = buffer.partition(b"\r\n")
-            return head
-
+        line = Lines(stream)
         try:
             await stream.send_all(b"220 ready\r\n")
             await line()
