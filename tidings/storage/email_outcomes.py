@@ -37,16 +37,21 @@ WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
 # (email, recipient by lower(), type), unless the email has that event for
 # that recipient already. Their ordinals (from 1), and whether the recipient
 # has a final outcome already. Read after EMAILS_OF has locked the emails, so
-# a writer that came first has committed its events.
+# a writer that came first has committed its events. The events are read
+# email by email (a lateral aggregate is never turned into a join), through
+# the index on email_id, so the cost does not grow with the table: an anti
+# join the planner may pick when its statistics lag (a table grown fast
+# since its last ANALYZE) reads every event of every email.
 NEW_OUTCOMES = f"""
-SELECT DISTINCT ON (o.email_id, lower(o.recipient), o.type) o.i,
-       EXISTS (SELECT 1 FROM email_events ev
-               WHERE ev.email_id = o.email_id AND ev.type IN {FINAL_SQL}
-                 AND lower(ev.recipient) = lower(o.recipient)) AS settled
+SELECT DISTINCT ON (o.email_id, lower(o.recipient), o.type) o.i, seen.settled
 FROM unnest($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY AS o(email_id, recipient, type, i)
-WHERE NOT EXISTS (SELECT 1 FROM email_events ev
-                  WHERE ev.email_id = o.email_id AND ev.type = o.type
-                    AND lower(ev.recipient) = lower(o.recipient))
+CROSS JOIN LATERAL (
+    SELECT coalesce(bool_or(ev.type = o.type), false) AS same,
+           coalesce(bool_or(ev.type IN {FINAL_SQL}), false) AS settled
+    FROM email_events ev
+    WHERE ev.email_id = o.email_id AND lower(ev.recipient) = lower(o.recipient)
+) seen
+WHERE NOT seen.same
 ORDER BY o.email_id, lower(o.recipient), o.type, o.i
 """
 

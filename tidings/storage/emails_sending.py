@@ -40,6 +40,7 @@ LEASES = lease_sql(
     owner="team_id",
     due="t.next_attempt_at",
     pending="t.next_attempt_at IS NOT NULL",
+    owners_index="next_attempt_at IS NOT NULL",  # emails_due
     claimed=f"""
 SELECT c.id, c.team_id, c.from_address, c.from_email, c.to_addresses, c.cc, c.reply_to,
        c.send_to, c.subject, c.html, c.text, c.headers::text AS headers, c.domain,

@@ -38,6 +38,7 @@ LEASES = lease_sql(
     owner="team_id",
     due="t.next_attempt_at",
     pending="t.next_attempt_at IS NOT NULL",
+    owners_index="next_attempt_at IS NOT NULL",  # sms_due
     claimed="""
 SELECT c.id, c.team_id, c.to_number, c.from_sender, c.body, c.status, c.attempt_count,
        c.send_begun_at,

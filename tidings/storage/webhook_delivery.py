@@ -35,6 +35,7 @@ LEASES = lease_sql(
     extra=1,
     due=_DUE,
     pending=_PENDING,
+    owners_index="status IN ('pending', 'retrying')",  # webhook_deliveries_due
     order="t.next_attempt_at",
     # One round trip: the claimed deliveries with their events, where they go
     # (no row at all when the endpoint is not enabled; one row without a

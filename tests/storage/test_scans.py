@@ -1,0 +1,126 @@
+"""What the send workers' frequent statements read does not grow with the tables.
+
+A dispatcher polls for owners with due work every second, and every batch
+of outcomes (the sandbox's, a relay's reports) checks what each email has
+recorded already. Both are counted here in rows read, from PostgreSQL's
+own per-transaction statistics (``pg_stat_xact_user_tables``), on tables
+far larger than what the statement is about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+
+from tidings.config import Config
+from tidings.storage import tokens as token_store
+from tidings.storage.db import Database, open_database
+from tidings.storage.email_outcomes import Outcome, record_outcomes
+from tidings.storage.emails_sending import LEASES as EMAIL_LEASES
+from tidings.storage.leases import owners_of
+from tidings.storage.sms_sending import LEASES as SMS_LEASES
+
+READ = """
+SELECT coalesce(seq_scan, 0) AS seq_scan,
+       coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) AS rows
+FROM pg_stat_xact_user_tables WHERE relname = $1
+"""
+
+# $1 team, $2 how many, $3 due in (seconds; NULL: nothing left to send), $4 leased for.
+EMAILS = """
+INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, to_lookup, send_to,
+                    subject, status, domain, smtp_message_id, next_attempt_at, leased_until)
+SELECT gen_random_uuid(), $1, 'a@acme.example', 'a@acme.example', ARRAY['r' || n || '@x.example'],
+       ARRAY['r' || n || '@x.example'], ARRAY['r' || n || '@x.example'], 'hi', 'queued',
+       'acme.example', '<' || n || '@acme.example>',
+       now() + $3 * interval '1 second', now() + $4 * interval '1 second'
+FROM generate_series(1, $2) n
+RETURNING id, to_addresses[1] AS recipient
+"""
+
+
+@pytest.fixture
+async def db(config: Config) -> AsyncIterator[Database]:
+    async with open_database(config) as database:
+        yield database
+
+
+async def team(db: Database, name: str) -> UUID:
+    async with db.transaction() as conn:
+        return await token_store.ensure_team(conn, name)
+
+
+async def emails(
+    db: Database, team_id: UUID, count: int, due_in: float | None, leased_for: float | None = None
+) -> list[Any]:
+    async with db.transaction() as conn:
+        return list(await conn.fetch(EMAILS, team_id, count, due_in, leased_for))
+
+
+async def test_a_poll_reads_a_row_per_team_not_per_due_email(db: Database) -> None:
+    crowded, quiet, later, busy, done = [await team(db, name) for name in "abcde"]
+    await emails(db, crowded, 3000, -5)
+    await emails(db, quiet, 1, -1)
+    await emails(db, later, 5, 3600)  # not due yet
+    await emails(db, busy, 5, -5, leased_for=60)  # due, but leased by a live process
+    await emails(db, done, 5, None)  # nothing left to send
+    async with db.transaction() as conn:
+        await conn.execute("ANALYZE emails")
+    async with db.transaction() as conn:
+        owners = owners_of(await conn.fetch(EMAIL_LEASES.due_owners, 1000))
+        read = await conn.fetchrow(READ, "emails")
+    assert sorted(owners) == sorted([crowded, quiet])
+    assert read["rows"] < 50, read  # not the 3,000 due emails of one team
+    async with db.transaction() as conn:
+        assert len(await conn.fetch(EMAIL_LEASES.due_owners, 1)) == 1
+
+
+async def test_an_sms_poll_walks_teams_too(db: Database) -> None:
+    crowded = await team(db, "a")
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO sms_messages (id, team_id, to_number, from_sender, body, status,"
+            " encoding, segments, country, provider, next_attempt_at)"
+            " SELECT gen_random_uuid(), $1, '+14155550100', 'Acme', 'hi', 'queued', 'GSM-7', 1,"
+            " 'US', 'sandbox', now() - interval '5 seconds' FROM generate_series(1, 2000)",
+            crowded,
+        )
+        await conn.execute("ANALYZE sms_messages")
+    async with db.transaction() as conn:
+        owners = owners_of(await conn.fetch(SMS_LEASES.due_owners, 1000))
+        read = await conn.fetchrow(READ, "sms_messages")
+    assert owners == [crowded]
+    assert read["rows"] < 50, read
+
+
+async def test_outcomes_read_the_events_of_their_own_emails_only(db: Database) -> None:
+    acme = await team(db, "acme")
+    async with db.transaction() as conn:
+        # Statistics taken while the events were few, as on a database that
+        # grew fast since its last ANALYZE.
+        await conn.execute("ALTER TABLE email_events SET (autovacuum_enabled = false)")
+        await conn.execute("ANALYZE email_events")
+    crowd = await emails(db, acme, 4000, None)
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO email_events (id, email_id, team_id, type, recipient)"
+            " SELECT gen_random_uuid(), e.id, $1, t.type, e.to_addresses[1]"
+            " FROM emails e, unnest(ARRAY['queued', 'sent', 'delivered']) t(type)",
+            acme,
+        )
+    mine = crowd[:2]
+    outcomes = [
+        Outcome(mine[0]["id"], mine[0]["recipient"].upper(), "delivered", "sandbox"),  # had it
+        Outcome(mine[1]["id"], mine[1]["recipient"], "complained", "sandbox"),
+        Outcome(mine[1]["id"], mine[1]["recipient"], "complained", "sandbox"),  # given twice
+        Outcome(uuid4(), "nobody@x.example", "bounced", "sandbox"),  # no such email
+    ]
+    async with db.transaction() as conn:
+        recorded = await record_outcomes(conn, outcomes)
+        read = await conn.fetchrow(READ, "email_events")
+    assert recorded == [False, True, False, False]
+    assert read["seq_scan"] == 0, read
+    assert read["rows"] < 50, read  # of the 12,000 events
