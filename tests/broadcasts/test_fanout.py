@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
+from typing import Any
 from uuid import RFC_4122, UUID, uuid4
 
 import httpx
@@ -13,7 +15,13 @@ from tests.broadcasts.helpers import batch_args, emails_of, hold, sent_while_hel
 from tests.email.helpers import ok
 from tidings.service import Service
 from tidings.storage import broadcasts_fanout as fanout
-from tidings.storage.broadcasts_batch import CLAIM_CHUNK, Batch, queue_batch
+from tidings.storage.broadcasts_batch import (
+    CLAIM_CHUNK,
+    Batch,
+    claim_chunk,
+    queue_batch,
+    queue_chunk,
+)
 from tidings.storage.db import AsyncioConnection
 
 
@@ -200,7 +208,7 @@ async def test_give_up_marks_failed(service: Service, client: httpx.AsyncClient,
     assert await service.db.run(fanout.fail, uuid4(), "none") is None
 
 
-async def test_batches_side_by_side_take_distinct_chunks_and_cancel_does_not_wait(
+async def test_batches_side_by_side_take_distinct_chunks(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:
     bid, owner = await sent_while_held(client, service, draft(audience))
@@ -214,14 +222,57 @@ async def test_batches_side_by_side_take_distinct_chunks_and_cancel_does_not_wai
         with trio.fail_after(5):
             other = await service.db.run(queue_batch, batch)
         assert other.queued == 1
-        # The broadcast row is only share-locked by the batch in flight.
-        with trio.fail_after(5):
-            canceled = ok(await client.post(f"/broadcasts/{bid}/cancel"))
-        assert canceled["status"] == "canceled" and canceled["queued_count"] == 1
     emails = await emails_of(service, bid)
     assert [e["contact_id"] for e in emails] != [claimed[0]["contact_id"]]
+
+
+async def test_a_cancel_waits_for_the_batches_in_flight_and_answers_final_counts(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid, owner = await sent_while_held(client, service, draft(audience))
+    await service.db.run(fanout.snapshot, UUID(bid), owner, 1)  # a chunk per contact
+    batch = await batch_args(service, bid, owner)
+    answers: list[dict[str, Any]] = []
+
+    async def cancel() -> None:
+        answers.append(ok(await client.post(f"/broadcasts/{bid}/cancel")))
+
+    async with trio.open_nursery() as nursery:
+        async with service.db.acquire() as first, first.transaction():
+            # A batch that has its chunk and makes its emails ...
+            rows = await claim_chunk(first, batch)
+            assert isinstance(rows, list)
+            nursery.start_soon(cancel)
+            await trio.sleep(0.5)
+            # ... holds the cancel back until it has queued them.
+            assert answers == []
+            assert (await queue_chunk(first, batch, rows)).queued == 1
+    canceled = answers[0]
+    assert canceled["status"] == "canceled" and canceled["queued_count"] == 1
+    # A batch after the cancel queues nothing; the counts stay as answered.
     after = await service.db.run(queue_batch, batch)
     assert after.held is False and len(await emails_of(service, bid)) == 1
+    shown = ok(await client.get(f"/broadcasts/{bid}"))
+    assert {k: shown[k] for k in ("queued_count", "revision", "updated_at")} == {
+        k: canceled[k] for k in ("queued_count", "revision", "updated_at")}
+
+
+async def test_updated_at_never_moves_back_when_batches_commit_out_of_order(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    bid, owner = await sent_while_held(client, service, draft(audience))
+    await service.db.run(fanout.snapshot, UUID(bid), owner, 1)
+    batch = await batch_args(service, bid, owner)
+    async with service.db.acquire() as first, first.transaction():
+        await first.execute("SELECT 1")  # this batch's transaction begins first ...
+        await trio.sleep(0.05)
+        await service.db.run(queue_batch, batch)  # ... another commits before it
+        between = ok(await client.get(f"/broadcasts/{bid}"))
+        await queue_batch(first, batch)
+    last = ok(await client.get(f"/broadcasts/{bid}"))
+    assert last["revision"] > between["revision"]
+    assert datetime.fromisoformat(last["updated_at"]) >= datetime.fromisoformat(
+        between["updated_at"])
 
 
 async def test_a_sending_domain_deleted_during_fanout_fails_the_broadcast(

@@ -180,6 +180,12 @@ class SendsInBetween:
     async def fetchval(self, query: str, *args: object) -> Any:
         return await self._conn.fetchval(query, *args)
 
+    async def execute(self, query: str, *args: object) -> Any:
+        return await self._conn.execute(query, *args)
+
+    def transaction(self) -> Any:
+        return self._conn.transaction()
+
 
 async def test_a_cancel_that_met_a_draft_a_send_then_scheduled_cancels_it(
     client: httpx.AsyncClient, audience: Audience, service: Service

@@ -61,7 +61,8 @@ STATE_ONLY = "SELECT status FROM broadcasts WHERE team_id = $1 AND id = $2"
 UPDATE_DRAFT = f"""
 UPDATE broadcasts SET name = $4, segment_id = $5, topic_id = $6, from_email = $7,
     from_name = $8, reply_to_email = $9, subject = $10, preview_text = $11, html = $12,
-    text = $13, variable_bindings = $14::jsonb, revision = revision + 1, updated_at = now()
+    text = $13, variable_bindings = $14::jsonb, revision = revision + 1,
+    updated_at = greatest(updated_at, now())
 WHERE team_id = $1 AND id = $2 AND status = 'draft' AND revision = $3
 RETURNING {COLUMNS}
 """
@@ -77,7 +78,7 @@ WITH sent AS (
     UPDATE broadcasts SET
         status = CASE WHEN $3::timestamptz IS NULL THEN 'queued' ELSE 'scheduled' END,
         scheduled_at = $3, queued_at = CASE WHEN $3::timestamptz IS NULL THEN now() END,
-        revision = revision + 1, updated_at = now()
+        revision = revision + 1, updated_at = greatest(updated_at, now())
     WHERE team_id = $1 AND id = $2 AND status = 'draft'
     RETURNING {COLUMNS}
 )
@@ -85,17 +86,27 @@ SELECT sent.*, pg_notify('{DUE_CHANNEL}', sent.id::text) FROM sent
 """
 
 # Scheduled: back to draft, scheduling removed. Queued: canceled; the fanout
-# sees it at its next batch and stops.
+# sees it at its next batch and stops. Run after FANOUT_EXCLUSIVE: the
+# batches that were in flight have committed, so the counts are final.
 CANCEL = f"""
 UPDATE broadcasts SET
     status = CASE status WHEN 'scheduled' THEN 'draft' ELSE 'canceled' END,
     scheduled_at = CASE status WHEN 'scheduled' THEN NULL ELSE scheduled_at END,
-    canceled_at = CASE status WHEN 'queued' THEN now() ELSE canceled_at END,
+    canceled_at = CASE status WHEN 'queued' THEN greatest(updated_at, now()) ELSE canceled_at END,
     lease_owner = NULL, leased_until = NULL,
-    revision = revision + 1, updated_at = now()
+    revision = revision + 1, updated_at = greatest(updated_at, now())
 WHERE team_id = $1 AND id = $2 AND status IN ('scheduled', 'queued')
 RETURNING {COLUMNS}
 """
+
+# "fano" in ASCII: the class of the broadcasts' fanout locks (two-key
+# advisory locks); the second key is the broadcast's. Each batch of a fanout
+# holds it shared for its transaction; a cancel takes it alone, so it waits
+# for the batches in flight (a batch at most) and batches that begin later
+# wait for the cancel, then find the broadcast canceled and write nothing.
+FANOUT_LOCK = 0x66616E6F
+FANOUT_SHARED = f"SELECT pg_advisory_xact_lock_shared({FANOUT_LOCK}, hashtext($1::uuid::text))"
+FANOUT_EXCLUSIVE = f"SELECT pg_advisory_xact_lock({FANOUT_LOCK}, hashtext($1::uuid::text))"
 
 SEGMENT_EXISTS = "SELECT EXISTS (SELECT 1 FROM segments WHERE team_id = $1 AND id = $2)"
 TOPIC_EXISTS = "SELECT EXISTS (SELECT 1 FROM topics WHERE team_id = $1 AND id = $2)"
@@ -258,8 +269,11 @@ async def send(
 
 
 async def cancel(conn: Connection, team_id: UUID, broadcast_id: UUID) -> Broadcast | None:
-    """Scheduled → draft, queued → canceled; None: no such broadcast. Raises WrongState."""
-    row = await _move(conn, CANCEL, team_id, broadcast_id, allowed=("scheduled", "queued"))
+    """Scheduled → draft, queued → canceled; None: no such broadcast. Raises WrongState.
+    Waits for the fanout's batches in flight: what it returns is final."""
+    async with conn.transaction():
+        await conn.execute(FANOUT_EXCLUSIVE, broadcast_id)
+        row = await _move(conn, CANCEL, team_id, broadcast_id, allowed=("scheduled", "queued"))
     return None if row is None else Broadcast.from_row(row)
 
 

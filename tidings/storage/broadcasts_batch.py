@@ -2,7 +2,10 @@
 
 A batch is one transaction on one connection:
 
-1. ``CLAIM_CHUNK`` takes the next chunk not done (``FOR UPDATE SKIP
+1. the broadcast's fanout lock is taken shared (``FANOUT_SHARED``: a
+   cancel takes it alone, so it waits for the batches in flight and the
+   batches after it find the broadcast canceled); ``CLAIM_CHUNK`` takes
+   the next chunk not done (``FOR UPDATE SKIP
    LOCKED``, so several connections work on one broadcast at once, each on
    its own chunk) and reads its recipients' contacts;
 2. the batch's ``Renderer`` makes each email in Python (``broadcasts_render``)
@@ -13,9 +16,8 @@ A batch is one transaction on one connection:
    lease; the team's email quota is claimed last.
 
 Nothing is written unless the broadcast is still queued and leased to the
-caller, so a cancel stops the fanout at the next batch. The broadcast row is
-only share-locked (``FOR KEY SHARE``) while a batch works, so batches run
-side by side and a cancel does not wait for them; it is updated in the last
+caller. The broadcast row is only share-locked (``FOR KEY SHARE``) while a
+batch works, so batches run side by side; it is updated in the last
 statements, just before the commit. An email's id is made from its broadcast
 and contact (an RFC 4122 version 3 UUID: MD5 of the two, with the version
 and variant bits set): the primary key of emails is the guard that no
@@ -30,6 +32,7 @@ from typing import Any, cast
 from uuid import UUID
 
 from tidings.config import QuotaDefaults
+from tidings.storage.broadcasts import FANOUT_SHARED
 from tidings.storage.broadcasts_render import Renderer
 from tidings.storage.connection import Connection
 from tidings.storage.emails import DUE_CHANNEL as EMAILS_DUE
@@ -148,7 +151,7 @@ UPDATE broadcasts SET
     suppressed_count = suppressed_count + $7,
     leased_until = CASE WHEN lease_owner = $5 THEN now() + $6 * interval '1 second'
                         ELSE leased_until END,
-    revision = revision + 1, updated_at = now()
+    revision = revision + 1, updated_at = greatest(updated_at, now())
 WHERE id = $1
 """
 
@@ -184,23 +187,32 @@ class Queued:
     domain_gone: bool = False
 
 
-async def _queue(conn: Connection, batch: Batch) -> Queued:
-    renderer = batch.renderer
+async def claim_chunk(conn: Connection, batch: Batch) -> list[Any] | Queued:
+    """The first half of a batch, in the caller's transaction: the fanout's
+    lock, shared, then the next chunk's rows (for ``queue_chunk``); or what
+    the batch did when there is nothing to queue."""
+    await conn.execute(FANOUT_SHARED, batch.broadcast_id)
     rows = await conn.fetch(CLAIM_CHUNK, batch.broadcast_id, batch.owner,
-                            renderer.property_keys, batch.domain)
+                            batch.renderer.property_keys, batch.domain)
     held, chunk = bool(rows[0]["held"]), rows[0]["chunk"]
     if held and not rows[0]["sending"]:
         return Queued(True, 0, 0, 0, domain_gone=True)
     if not held or chunk is None:
         return Queued(held, 0, 0, 0)
+    return list(rows)
+
+
+async def queue_chunk(conn: Connection, batch: Batch, rows: list[Any]) -> Queued:
+    """The second half: the chunk's emails made and queued, the counts moved."""
+    renderer = batch.renderer
     recipients = [row for row in rows if not row["blocked"]]
     # An asyncpg Record iterates over its values, in the statement's order.
     made = renderer.render(cast(list[Sequence[Any]], recipients))
     texts = made.texts if renderer.has_text else None  # NULL: every text NULL
     row = await conn.fetchrow(
-        QUEUE_EMAILS, batch.broadcast_id, batch.owner, chunk, made.contact_ids, made.emails,
-        made.subjects, made.htmls, texts, made.links, batch.sender, batch.from_email,
-        batch.reply_to, batch.domain, batch.provider,
+        QUEUE_EMAILS, batch.broadcast_id, batch.owner, rows[0]["chunk"], made.contact_ids,
+        made.emails, made.subjects, made.htmls, texts, made.links, batch.sender,
+        batch.from_email, batch.reply_to, batch.domain, batch.provider,
     )
     assert row is not None
     if not row["held"]:
@@ -209,6 +221,11 @@ async def _queue(conn: Connection, batch: Batch) -> Queued:
     await conn.execute(COUNT_BATCH, batch.broadcast_id, done.handled, done.queued, done.failed,
                        batch.owner, batch.lease_seconds, done.blocked)
     return done
+
+
+async def _queue(conn: Connection, batch: Batch) -> Queued:
+    claimed = await claim_chunk(conn, batch)
+    return claimed if isinstance(claimed, Queued) else await queue_chunk(conn, batch, claimed)
 
 
 async def queue_batch(conn: Connection, batch: Batch) -> Queued:

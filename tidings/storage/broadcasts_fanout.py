@@ -49,7 +49,7 @@ __all__ = ["DUE_CHANNEL", "LEASES"]
 
 PROMOTE = f"""
 UPDATE broadcasts SET status = 'queued', queued_at = now(), revision = revision + 1,
-                      updated_at = now()
+                      updated_at = greatest(updated_at, now())
 WHERE id = $1 AND status = 'scheduled' AND lease_owner = $2
 RETURNING {COLUMNS}
 """
@@ -98,7 +98,7 @@ WITH b AS (
         audience_count = (SELECT count(*) FROM members),
         suppressed_count = (SELECT count(*) FROM members WHERE blocked),
         eligible_count = (SELECT coalesce(sum(size), 0) FROM chunks),
-        revision = t.revision + 1, updated_at = now()
+        revision = t.revision + 1, updated_at = greatest(t.updated_at, now())
     FROM b, found WHERE t.id = b.id AND found.segment AND found.topic
     RETURNING t.eligible_count
 )
@@ -111,7 +111,7 @@ def _ended(status: str, where: str, extra: str) -> str:
     return f"""
 WITH ended AS (
     UPDATE broadcasts SET status = '{status}', {extra} lease_owner = NULL, leased_until = NULL,
-                          revision = revision + 1, updated_at = now()
+                          revision = revision + 1, updated_at = greatest(updated_at, now())
     WHERE id = $1 AND {where}
     RETURNING {COLUMNS}
 ), event AS (
