@@ -54,6 +54,20 @@ async def test_a_header_with_two_credentials_is_401(
     assert_error(response, 401, "UNAUTHORIZED")
 
 
+@pytest.mark.parametrize(("authorization", "challenge"), [
+    (None, 'Bearer realm="tidings"'),
+    ("Basic YTpi", 'Bearer realm="tidings", error="invalid_request"'),
+    ("Bearer svc_team_unknown", 'Bearer realm="tidings", error="invalid_token"'),
+])
+async def test_a_401_says_how_to_authenticate(
+    http: httpx.AsyncClient, authorization: str | None, challenge: str
+) -> None:
+    headers = {} if authorization is None else {"Authorization": authorization}
+    response = await http.post("/sms", headers=headers, json={})
+    assert_error(response, 401, "UNAUTHORIZED")
+    assert response.headers["WWW-Authenticate"] == challenge
+
+
 async def test_made_up_methods_do_not_grow_the_metrics(http: httpx.AsyncClient) -> None:
     # Not implemented (501) before any route is looked at, and counted nowhere.
     for number in range(20):

@@ -34,6 +34,15 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BAD_REQUEST", message)
 
 
+def unauthorized(message: str, error: str | None = None) -> ApiError:
+    """401 with its challenge (RFC 9110 §11.6.1), and RFC 6750's error code
+    when the request carried a credential: ``invalid_request`` for a header
+    that is not one bearer token, ``invalid_token`` for a token that is not
+    good (unknown, revoked, expired)."""
+    challenge = 'Bearer realm="tidings"' + (f', error="{error}"' if error else "")
+    return ApiError(401, "UNAUTHORIZED", message, {"WWW-Authenticate": challenge})
+
+
 def not_found(what: str) -> ApiError:
     return ApiError(404, "NOT_FOUND", f"{what} not found")
 

@@ -33,6 +33,7 @@ from tidings.http.envelope import (
     ApiError,
     conflict,
     json_response,
+    unauthorized,
 )
 from tidings.http.idempotency_key import (
     IDEMPOTENCY_HEADER,
@@ -65,19 +66,19 @@ def bearer_secret(headers: list[str]) -> str:
     """The secret of the one ``Authorization: Bearer`` header among ``headers``."""
     if len(headers) > 1:
         # Never pick one of several credentials: refuse them all.
-        raise ApiError(
-            401, "UNAUTHORIZED", "more than one Authorization header: send exactly one"
+        raise unauthorized(
+            "more than one Authorization header: send exactly one", "invalid_request"
         )
     header = headers[0] if headers else ""
     if not header:
-        raise ApiError(401, "UNAUTHORIZED", "missing Authorization header with a bearer token")
+        raise unauthorized("missing Authorization header with a bearer token")
     scheme, _, secret = header.strip().partition(" ")
     secret = secret.strip()
     if scheme.lower() != "bearer" or not secret:
-        raise ApiError(401, "UNAUTHORIZED", "Authorization header must be 'Bearer <token>'")
+        raise unauthorized("Authorization header must be 'Bearer <token>'", "invalid_request")
     if any(char.isspace() or char == "," for char in secret):
-        raise ApiError(
-            401, "UNAUTHORIZED", "Authorization header must hold exactly one bearer token"
+        raise unauthorized(
+            "Authorization header must hold exactly one bearer token", "invalid_request"
         )
     return secret
 
@@ -95,11 +96,11 @@ def admit(
     """``token`` may call ``route`` now, or the 401/403/429 that says why not.
     An authentic token adds its team to ``seen`` (for the access log)."""
     if token is None:
-        raise ApiError(401, "UNAUTHORIZED", "invalid token")
+        raise unauthorized("invalid token", "invalid_token")
     if token.revoked_at is not None:
-        raise ApiError(401, "UNAUTHORIZED", "token has been revoked")
+        raise unauthorized("token has been revoked", "invalid_token")
     if token.expired:
-        raise ApiError(401, "UNAUTHORIZED", "token has expired")
+        raise unauthorized("token has expired", "invalid_token")
     if seen is not None:
         seen.append(token.team_id)
     if route.permission is not None and route.permission not in token.permissions:
