@@ -63,3 +63,20 @@ async def test_an_empty_list_is_none(client: httpx.AsyncClient) -> None:
     # ``to`` still needs one address.
     refused = await client.post("/emails", json={**BODY, "to": []})
     assert_error(refused, 400, "BAD_REQUEST")
+
+
+@pytest.mark.parametrize(("to", "expected"), [
+    (5, "invalid body: to: Input should be a valid string or Input should be a valid array"),
+    ([], "invalid body: to: List should have at least 1 item after validation, not 0"),
+    (["ada@example.com"] * 51,
+     "invalid body: to: List should have at most 50 items after validation, not 51"),
+    (["ada@example.com", 5], "invalid body: to.1: Input should be a valid string"),
+])
+async def test_a_field_of_two_shapes_is_named_as_sent(
+    client: httpx.AsyncClient, to: object, expected: str
+) -> None:
+    """``to`` is an address or a list: the error names the field as the
+    request has it (never a side of the type, ``to.list[str]``), and a list
+    is told what is wrong with the list, not that it is not a string."""
+    refused = await client.post("/emails", json={**BODY, "to": to})
+    assert assert_error(refused, 400, "BAD_REQUEST") == expected

@@ -147,25 +147,51 @@ def error_response(error: ApiError) -> Response:
     return json_response(error.status, error_body(error.code, error.message), error.headers)
 
 
+# The tags pydantic puts in a location for one side of a union (``str |
+# list[str]``), besides the generic ``list[...]``, ``constrained-...`` and
+# ``function-...`` ones: not fields.
+_PLAIN_TAGS = frozenset({"str", "int", "float", "bool", "none", "bytes", "dict", "list"})
+
+
 def _branch(part: object) -> bool:
-    """Whether a location part names a branch of a type (pydantic's tag for
-    one side of ``str | None`` with constraints), not a field."""
-    return isinstance(part, str) and part.startswith(("constrained-", "function-"))
+    """Whether a location part names a branch of a type, not a field."""
+    return isinstance(part, str) and (
+        part in _PLAIN_TAGS or "[" in part or part.startswith(("constrained-", "function-"))
+    )
+
+
+def _located(detail: Any) -> tuple[str, bool]:
+    """Where an error is (its fields, branches left out), and whether it only
+    says the value is not of one branch's type (``to`` is a list, so its
+    ``str`` side fails on the type alone)."""
+    loc = detail["loc"]
+    location = ".".join(str(part) for part in loc if not _branch(part))
+    wrong_side = bool(loc) and _branch(loc[-1]) and str(detail["type"]).endswith("_type")
+    return location, wrong_side
 
 
 def describe_validation(error: ValidationError, where: str) -> str:
-    """One line that names each offending field and why, e.g. ``email: ...``."""
-    parts = []
-    for detail in error.errors(include_url=False)[:5]:
-        location = ".".join(str(part) for part in detail["loc"] if not _branch(part))
+    """One line that names each offending field and why, e.g. ``email: ...``.
+    A value that fits one side of a union is told what that side wants; one
+    that fits none is told every side it could be."""
+    details = [(detail, *_located(detail)) for detail in error.errors(include_url=False)]
+    kept = {location for _, location, wrong_side in details if not wrong_side}
+    merged: dict[str, list[str]] = {}
+    for detail, location, wrong_side in details:
+        if wrong_side and any(k == location or k.startswith(f"{location}.") for k in kept):
+            continue  # another side of the union says what is wrong
         message = detail["msg"].removeprefix("Value error, ")
         if detail["type"] == "missing":
             message = "is required"
         elif detail["type"] == "extra_forbidden":
             message = "is not a known field"
+        merged.setdefault(location, []).append(message)
+    parts = []
+    for location, messages in list(merged.items())[:5]:
+        message = " or ".join(dict.fromkeys(messages))
         # A check of the whole body names its fields in its message.
         parts.append(f"{location}: {message}" if location else message)
-    more = len(error.errors()) - len(parts)
+    more = len(merged) - len(parts)
     if more > 0:
         parts.append(f"and {more} more")
     return f"invalid {where}: " + "; ".join(parts)
