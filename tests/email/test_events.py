@@ -94,3 +94,24 @@ async def test_events_about_the_whole_email_name_its_to_as_the_others_do(
                            scheduled_at=later(hours=1))
     [event] = await events(client, scheduled)
     assert event["recipient"] == "jane@example.com, ada@example.com"
+
+
+async def test_no_event_of_an_email_is_older_than_the_email(client: httpx.AsyncClient) -> None:
+    ok(await client.post("/suppressions", json={"address": "gone@example.com",
+                                                "reason": "manual"}), 201)
+    sent = [
+        await send(client),  # queued
+        await send(client, scheduled_at=later(hours=1)),
+        await send(client, to=["ada@example.com", "gone@example.com"]),  # one suppressed
+        await send(client, to="gone@example.com"),  # suppressed only
+    ]
+    batch = ok(await client.post("/emails/batch", json=[
+        {"from": "Acme <hi@acme.example>", "to": f"r{n}@example.com", "subject": "Hi",
+         "html": "<p>Hi</p>"} for n in range(3)
+    ]), 202)
+    sent += [item["id"] for item in batch["data"]]
+    for email_id in sent:
+        created = datetime.fromisoformat(ok(await client.get(f"/emails/{email_id}"))["created_at"])
+        first = min(datetime.fromisoformat(e["occurred_at"])
+                    for e in await events(client, email_id))
+        assert created <= first, (email_id, created, first)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -200,3 +201,16 @@ async def test_scheduled_at_must_be_an_rfc_3339_date_time(
     response = await sms_client.post("/sms", json={
         "to": NUMBER, "from": "Acme", "body": "x", "scheduled_at": moment})
     assert "scheduled_at" in assert_error(response, 400, "BAD_REQUEST")
+
+
+async def test_no_event_of_a_message_is_older_than_the_message(
+    sms_client: httpx.AsyncClient,
+) -> None:
+    sent = [await send(sms_client) for _ in range(3)]
+    sent.append(await send(sms_client, scheduled_at=later(hours=1)))
+    listed = ok(await sms_client.get("/events", params={"limit": 100}))["data"]
+    for sms in sent:
+        created = datetime.fromisoformat(sms["created_at"])
+        first = min(datetime.fromisoformat(e["occurred_at"])
+                    for e in listed if e["message_id"] == sms["id"])
+        assert created <= first, (sms["id"], created, first)

@@ -86,7 +86,7 @@ inserted AS (
     INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, cc, bcc, reply_to,
                         to_lookup, send_to, subject, html, text, headers, tags, status,
                         scheduled_at, template_id, template_version_id, domain,
-                        smtp_message_id, provider, next_attempt_at, status_at)
+                        smtp_message_id, provider, next_attempt_at, status_at, created_at)
     SELECT i.id, $11, i.from_address, i.from_email,
            ARRAY(SELECT jsonb_array_elements_text(i.lists -> 0)),
            ARRAY(SELECT jsonb_array_elements_text(i.lists -> 1)),
@@ -97,7 +97,10 @@ inserted AS (
            i.subject, i.html, i.text, i.headers, i.tags, i.status, i.scheduled_at,
            i.template_id, i.template_version_id, i.domain, i.smtp_message_id, i.provider,
            CASE i.status WHEN 'queued' THEN now() WHEN 'scheduled' THEN i.scheduled_at END,
-           i.status_at
+           i.status_at,
+           -- Its first event's time (the service's clock, as every event's
+           -- is), so that no event of an email is older than the email.
+           coalesce((SELECT min(c.occurred_at) FROM change c WHERE c.email_id = i.id), now())
     FROM unnest($12::uuid[], $13::text[], $14::text[], $15::jsonb[], $16::text[], $17::text[],
                 $18::text[], $19::jsonb[], $20::jsonb[], $21::text[], $22::timestamptz[],
                 $23::uuid[], $24::uuid[], $25::text[], $26::text[], $27::text[],

@@ -55,6 +55,10 @@ SELECT (SELECT value FROM sender_ids WHERE team_id = {team} AND value = ANY({spe
 """
 ACCEPT_CHECK = CHECK.format(team="$1", spellings="$2::text[]", to="$3")
 
+# A message is never younger than its first event ($6: its time, from the
+# service's clock as every event's is).
+_CREATED = "least(now(), ($6::timestamptz[])[1])"
+
 # The message ($11..) with its first event; its team's senders are woken
 # when (and only if) it commits and it is due now.
 ACCEPT = f"""
@@ -63,7 +67,7 @@ WITH {CHANGE}, inserted AS (
                               segments, status, provider, metadata, scheduled_at,
                               next_attempt_at, created_at, updated_at)
     VALUES ($11, $12, $13, $14, $15, $16, $17, $18, 'queued', $19, $20::jsonb, $21,
-            coalesce($21, now()), now(), now())
+            coalesce($21, now()), {_CREATED}, now())
     RETURNING {SMS_COLUMNS}
 ), {RECORDED}
 SELECT inserted.*, (SELECT woken FROM woken),
@@ -99,7 +103,7 @@ WITH checked AS (
                               segments, status, provider, metadata, scheduled_at,
                               next_attempt_at, created_at, updated_at)
     SELECT $11, $12, $13, $14, coalesce(checked.sender, $15::text), $16, $17, $18, 'queued',
-           $19, $20::jsonb, $21, coalesce($21, now()), now(), now()
+           $19, $20::jsonb, $21, coalesce($21, now()), {_CREATED}, now()
     FROM checked WHERE EXISTS (SELECT 1 FROM quota_counted)
     RETURNING {SMS_COLUMNS}
 ), {RECORDED}
