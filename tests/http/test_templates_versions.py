@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 import httpx
@@ -258,6 +259,39 @@ async def test_publish_the_current_draft_then_an_earlier_version(
     assert back_data["current_version_id"] == v2  # the draft stays the newest version
     twice = await client.post("/templates/greeting/publish", json={"version_id": v1})
     assert twice.json()["data"]["published_at"] == back_data["published_at"]
+
+
+async def test_a_publish_that_meets_a_patch_in_flight_publishes_its_version(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    template = await make(client)
+    answers: list[httpx.Response] = []
+
+    async def publish() -> None:
+        answers.append(await client.post(f"/templates/{template['id']}/publish"))
+
+    async with trio.open_nursery() as nursery:
+        async with service.db.acquire() as conn, conn.transaction():
+            # A PATCH between its lock and its commit: version 2 made current.
+            locked = await conn.fetchrow(
+                "SELECT id FROM templates WHERE id = $1 FOR UPDATE", UUID(template["id"]))
+            assert locked is not None
+            await conn.execute(
+                "INSERT INTO template_versions (template_id, team_id, version_number, subject,"
+                " html, variables, based_on_version_id)"
+                " SELECT template_id, team_id, 2, subject, '<p>Two</p>', variables, id"
+                " FROM template_versions WHERE id = $1",
+                UUID(template["current_version_id"]))
+            await conn.execute(
+                "UPDATE templates SET current_version_id = (SELECT id FROM template_versions"
+                " WHERE template_id = $1 AND version_number = 2) WHERE id = $1",
+                UUID(template["id"]))
+            nursery.start_soon(publish)
+            await trio.sleep(0.3)
+            assert answers == []  # waits for the PATCH
+    [published] = answers
+    assert published.status_code == 200, published.text
+    assert published.json()["data"]["published_version_number"] == 2
 
 
 async def test_publishing_a_version_of_another_template_is_404(

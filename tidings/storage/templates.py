@@ -100,7 +100,10 @@ FROM t CROSS JOIN v
 LEFT JOIN template_versions pv ON pv.id = t.published_version_id
 """
 
-# Publishing the version already published keeps its published_at.
+# Publishing the version already published keeps its published_at. Run
+# after ``lock_template``: alone, a publish that waited for a PATCH in flight
+# would recheck the template's new row against the version it had joined
+# before (the old current one), match nothing and answer "not found".
 PUBLISH = f"""
 WITH t AS (
     UPDATE templates t
@@ -337,7 +340,10 @@ async def publish(
 
     None if there is no such template, or no such version of it.
     """
-    row = await conn.fetchrow(PUBLISH, team_id, *ref.args, version_id)
+    async with conn.transaction():
+        # A PATCH in flight commits its new current version first.
+        await lock_template(conn, team_id, ref)
+        row = await conn.fetchrow(PUBLISH, team_id, *ref.args, version_id)
     return None if row is None else Template.from_row(row)
 
 
