@@ -10,6 +10,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
+from uuid import UUID
 
 import httpx
 import pytest
@@ -301,6 +302,21 @@ async def test_unknown_field_is_400_naming_it(client: httpx.AsyncClient) -> None
 async def test_bad_uuid_in_the_path_is_400(client: httpx.AsyncClient) -> None:
     message = assert_error(await client.get("/contacts/not-a-uuid"), 400, "BAD_REQUEST")
     assert "contact_id" in message
+
+
+async def test_an_id_in_the_path_is_written_one_way(client: httpx.AsyncClient) -> None:
+    """The hyphenated form, in either case, names a resource; the other
+    spellings Python's UUID() reads do not, so one resource has one path."""
+    contact = (await client.post("/contacts", json={"email": "one@example.com"})).json()["data"]
+    cid = UUID(contact["id"])
+    for path in (f"/contacts/{cid}", f"/contacts/{str(cid).upper()}"):
+        assert (await client.get(path)).status_code == 200, path
+    for spelling in (cid.hex, f"{{{cid}}}", f"urn:uuid:{cid}"):
+        for path in (f"/contacts/{spelling}", f"/contacts/{spelling}/segments",
+                     f"/emails/{spelling}", f"/templates/{spelling}"):
+            response = await client.get(path)
+            assert response.status_code in (400, 404), (path, response.text)
+            assert response.status_code == 400 or path.startswith("/templates/"), path
 
 
 async def test_the_token_is_checked_before_the_path(http: httpx.AsyncClient) -> None:

@@ -26,6 +26,7 @@ from tidings.http.envelope import (
 )
 from tidings.http.models import NOT_EMPTY, UNCHANGED, ListQuery, RequestBody, never_null
 from tidings.http.paging import page
+from tidings.http.parsing import path_uuid
 from tidings.http.routing import Answer, Call, Routes
 from tidings.phones import parse_phone
 from tidings.storage import contact_properties as definitions
@@ -155,10 +156,8 @@ class ContactQuery(ListQuery):
 def contact_ref(raw: str) -> store.ContactRef:
     """A contact id, or an email address (normalised by ``lookup_address``,
     matched case-insensitively)."""
-    try:
-        return UUID(raw)
-    except ValueError:
-        pass
+    if (found := path_uuid(raw)) is not None:
+        return found
     if "@" in raw and not has_nul(raw) and len(raw) <= MAX_ADDRESS_LENGTH:
         return lookup_address(raw)
     raise bad_request(f"contact_id: {raw!r} is neither a contact id (UUID) nor an email address")

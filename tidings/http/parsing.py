@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from uuid import UUID
 
@@ -24,15 +25,26 @@ def query_values() -> dict[str, Any]:
     return values
 
 
+# An id in a path is written one way, as Tidings writes it (8-4-4-4-12 hex
+# digits, either case): one resource has one path, so a request's fingerprint
+# (idempotency) and an access log line name it one way. Python's UUID() also
+# takes braces, a "urn:uuid:" prefix and no hyphens.
+_UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+
+
+def path_uuid(raw: str) -> UUID | None:
+    """The id a path segment names, written as Tidings writes ids; None if it is not one."""
+    return UUID(raw) if _UUID_TEXT.fullmatch(raw) else None
+
+
 def parse_path(route: Route, values: dict[str, str]) -> dict[str, Any]:
     parsed: dict[str, Any] = {}
     for name, raw in values.items():
         kind = route.path_types.get(name, UUID)
         if kind is UUID:
-            try:
-                parsed[name] = UUID(raw)
-            except ValueError:
-                raise bad_request(f"{name}: {raw!r} is not a valid UUID") from None
+            if (found := path_uuid(raw)) is None:
+                raise bad_request(f"{name}: {raw!r} is not a valid UUID")
+            parsed[name] = found
         else:
             parsed[name] = raw
     return parsed

@@ -16,6 +16,7 @@ from tidings.addresses import parse_mailbox
 from tidings.fields import FieldError
 from tidings.http.envelope import bad_request, not_found, unprocessable
 from tidings.http.paging import Paging, page
+from tidings.http.parsing import path_uuid
 from tidings.http.routing import Answer, Call, Routes
 from tidings.http.template_models import (
     MAX_ALIAS_LENGTH,
@@ -45,10 +46,8 @@ TEMPLATE_PATH: dict[str, type] = {"template": str}
 
 def template_ref(value: str) -> store.TemplateRef:
     """The template a path names: a UUID is an id, anything else an alias."""
-    try:
-        return store.TemplateRef(id=UUID(value))
-    except ValueError:
-        pass
+    if (found := path_uuid(value)) is not None:
+        return store.TemplateRef(id=found)
     if len(value) > MAX_ALIAS_LENGTH or not value or not _is_alias(value):
         raise bad_request(f"template: {value!r} is neither a template id nor an alias")
     return store.TemplateRef(alias=value)
