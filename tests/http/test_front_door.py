@@ -179,6 +179,38 @@ async def test_a_request_stops_counting_once_its_answer_is_sent() -> None:
     assert shedder.shed_total == 0
 
 
+async def test_probes_and_metrics_answer_when_the_process_is_at_capacity() -> None:
+    held = trio.Event()
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["path"] == "/contacts":
+            await held.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    shedder = Shedder(app, max_in_flight=1, max_storage=1)  # type: ignore[arg-type]
+    statuses: dict[str, int] = {}
+
+    def sender(path: str) -> Any:
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses[path] = message["status"]
+        return send
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(shedder, http_scope("GET", "/contacts", []), receive,
+                           sender("/contacts"))
+        await trio.testing.wait_all_tasks_blocked()
+        for path in ("/metrics", "/healthz", "/readyz", "/openapi.json"):
+            await shedder(http_scope("GET", path, []), receive, sender(path))
+        held.set()
+    assert statuses == {"/metrics": 200, "/healthz": 200, "/readyz": 200,
+                        "/openapi.json": 503, "/contacts": 200}
+
+
 @pytest.fixture
 def clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
