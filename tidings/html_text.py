@@ -36,7 +36,13 @@ _PARAGRAPH = frozenset({
     "blockquote", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "ol", "p", "pre", "table", "ul",
 })
 # Elements whose content is not for the reader.
-_HIDDEN = frozenset({"head", "script", "style", "template", "title", "noscript"})
+_HIDDEN = frozenset({
+    "head", "script", "style", "template", "title", "noscript", "iframe", "noembed",
+    "noframes",
+})
+# Elements a browser reads as raw text up to their end tag, even when written
+# as <script/>: the slash is ignored, so what follows is the element's.
+_RAW_TEXT = frozenset({"script", "style", "iframe", "noembed", "noframes", "xmp"})
 # Elements without an end tag: they never go on the stack of open elements.
 _VOID = frozenset({
     "area", "base", "basefont", "bgsound", "br", "col", "embed", "hr", "img", "input",
@@ -92,7 +98,12 @@ _LINK_SCHEMES = ("mailto:", "tel:")
 
 _DISPLAY_NONE = re.compile(r"display\s*:\s*none", re.IGNORECASE)
 # Zero-width and other invisible characters that pad preheaders and split words.
-_INVISIBLE = re.compile("[\u00ad\u034f\u200b-\u200d\u2060\ufeff]")
+_INVISIBLE = re.compile("[\u00ad\u034f\u200b\u2060\ufeff]")
+# The joiners (ZWNJ, ZWJ) are padding only next to a space or another
+# invisible character: between two visible ones they are part of the text
+# (an emoji family, Persian and Indic spelling) and stay.
+_PAD = "\\s\u00a0\u00ad\u034f\u200b-\u200d\u2060\ufeff"
+_PADDING_JOINERS = re.compile(f"(?<![^{_PAD}])[\u200c\u200d]|[\u200c\u200d](?![^{_PAD}])")
 _SPACES = re.compile(r"\s+")
 _TRAILING = re.compile(r"[ \t]+\n")
 _BLANKS = re.compile(r"\n{3,}")
@@ -201,9 +212,12 @@ class _TextWriter(HTMLParser):
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         # A browser ignores the slash of <div/>; reading it as <div></div> keeps
-        # XHTML-style markup from hiding or swallowing what follows.
+        # XHTML-style markup from hiding or swallowing what follows. A raw
+        # text element (<script/>) does swallow it, up to its end tag.
         self.handle_starttag(tag, attrs)
-        if tag not in _VOID:
+        if tag in _RAW_TEXT:
+            self.set_cdata_mode(tag)
+        elif tag not in _VOID:
             self.handle_endtag(tag)
 
     def handle_endtag(self, tag: str) -> None:
@@ -357,7 +371,8 @@ class _TextWriter(HTMLParser):
             self.rawdata = ""
         self.close()
         self._close(0)  # what is still open ends with the document
-        text = _INVISIBLE.sub("", "".join(self.out)).replace("\xa0", " ")
+        text = _PADDING_JOINERS.sub("", "".join(self.out))
+        text = _INVISIBLE.sub("", text).replace("\xa0", " ")
         text = _TRAILING.sub("\n", text)
         text = _BLANKS.sub("\n\n", text)
         return text.strip("\n ").rstrip()

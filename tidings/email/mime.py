@@ -19,8 +19,9 @@ from __future__ import annotations
 import binascii
 import re
 import secrets
+from datetime import UTC, datetime
 from email.header import Header
-from email.utils import formatdate, getaddresses
+from email.utils import format_datetime, getaddresses
 from uuid import UUID
 
 from tidings.addresses import display, wire_address
@@ -52,11 +53,21 @@ _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x9f]")
 _LINE_BREAKS = re.compile(r"(?:\r\n|[\n\r\v\f\x1c-\x1f\u2028\u2029])+")
 
 
-def _header_text(value: str) -> str:
+def _encoded_words(text: str, field: str | None) -> str:
+    """``text`` as RFC 2047 encoded words, folded between them: each word at
+    most 75 octets and each line at most 76 (RFC 2047 §2), the first line
+    counting the ``field``'s name and colon (None: a line that begins with
+    the fold's space)."""
+    return Header(text, "utf-8", header_name=field).encode(
+        maxlinelen=76 if field else 75
+    ).replace("\n", "\r\n")
+
+
+def _header_text(value: str, field: str) -> str:
     """A header's text, one logical line: ASCII as it is, other text (or a
     word too long to fold, or text a mail client would take for an encoded
-    word, ``=?``) as RFC 2047 encoded words of at most 76 octets, so that a
-    client shows the text as the API does rather than decoding what it holds."""
+    word, ``=?``) as RFC 2047 encoded words, so that a client shows the text
+    as the API does rather than decoding what it holds."""
     # On one line, and otherwise as given: tabs, runs of spaces, no-break
     # and ideographic spaces stay (a subject is shown as the API shows it).
     value = _LINE_BREAKS.sub(" ", _CONTROL.sub("", value)).strip()
@@ -65,10 +76,10 @@ def _header_text(value: str) -> str:
         and all(len(word) <= LONGEST_WORD for word in value.split(" "))
     ):
         return value
-    return Header(value, "utf-8").encode(maxlinelen=76).replace("\n", "\r\n")
+    return _encoded_words(value, field)
 
 
-def _mailbox(name: str, address: str) -> str:
+def _mailbox(name: str, address: str, field: str | None) -> str:
     wire = wire_address(address)
     if not name:
         return wire
@@ -78,14 +89,22 @@ def _mailbox(name: str, address: str) -> str:
         # Outside ASCII, a word too long to fold, or text a mail client would
         # take for an encoded word: RFC 2047 encoded words of at most 75
         # octets (folded between them), whose text keeps every space.
-        return Header(name, "utf-8").encode(maxlinelen=76).replace("\n", "\r\n") + f" <{wire}>"
+        words = _encoded_words(name, field)
+        # The address on the words' last line when that stays within 76.
+        start = 0 if "\n" in words else (len(field) + 2 if field else 1)
+        last = start + len(words) - (words.rfind("\n") + 1)
+        return words + ("\r\n " if last + 3 + len(wire) > 76 else " ") + f"<{wire}>"
     # Quoted when it holds a special character, or spaces that only quotes
     # keep (at either end, several in a row): as the API shows the name.
     return display(name, wire)
 
 
-def _addresses(values: tuple[str, ...] | list[str]) -> str:
-    return ",\r\n ".join(_mailbox(name, address) for name, address in getaddresses(list(values)))
+def _addresses(values: tuple[str, ...] | list[str], field: str) -> str:
+    """The mailboxes of a ``field`` (From, To...), one on each line."""
+    return ",\r\n ".join(
+        _mailbox(name, address, field if n == 0 else None)
+        for n, (name, address) in enumerate(getaddresses(list(values)))
+    )
 
 
 def _fold(line: str) -> bytes:
@@ -116,11 +135,33 @@ def _fold_line(line: bytes) -> list[bytes]:
 def _qp(text: str) -> bytes:
     normal = text.replace("\r\n", "\n").replace("\r", "\n")
     encoded = binascii.b2a_qp(normal.encode("utf-8"), istext=True)
-    if encoded.startswith(b".") or b"\n." in encoded:
-        # A dot at the start of a line is fine for SMTP (the client stuffs it),
-        # but some gateways strip it: encode it.
-        encoded = re.sub(rb"(^|\n)\.", rb"\1=2E", encoded)
-    return encoded.replace(b"\n", CRLF)
+    lines = encoded.split(b"\n")
+    # A dot at the start of a line is fine for SMTP (the client stuffs it),
+    # but some gateways strip it: it is encoded. binascii also passes 76 by
+    # one when it encodes a space that ends a line.
+    if encoded.startswith(b".") or b"\n." in encoded or max(map(len, lines)) > 76:
+        lines = [piece for line in lines for piece in _dotless(line)]
+    return CRLF.join(lines)
+
+
+def _dotless(line: bytes) -> list[bytes]:
+    """A quoted-printable line with a leading dot as ``=2E``, cut with soft
+    line breaks (never inside an ``=XX``) to lines of at most 76 octets
+    (RFC 2045 §6.7)."""
+    pieces = []
+    while True:
+        if line.startswith(b"."):
+            line = b"=2E" + line[1:]
+        if len(line) <= 76:
+            pieces.append(line)
+            return pieces
+        cut = 75
+        if line[cut - 1:cut] == b"=":
+            cut -= 1
+        elif line[cut - 2:cut - 1] == b"=":
+            cut -= 2
+        pieces.append(line[:cut] + b"=")
+        line = line[cut:]
 
 
 def _part(subtype: str, text: str) -> bytes:
@@ -147,23 +188,23 @@ def build_message(
 ) -> bytes:
     """The message: headers (never Bcc) and a text, html or multipart/alternative body."""
     lines: list[bytes] = [
-        _fold(f"From: {_addresses([sender])}"),
-        _fold(f"To: {_addresses(to)}") if to else b"To: undisclosed-recipients:;",
+        _fold(f"From: {_addresses([sender], 'From')}"),
+        _fold(f"To: {_addresses(to, 'To')}") if to else b"To: undisclosed-recipients:;",
     ]
     if cc:
-        lines.append(_fold(f"Cc: {_addresses(cc)}"))
+        lines.append(_fold(f"Cc: {_addresses(cc, 'Cc')}"))
     if reply_to:
-        lines.append(_fold(f"Reply-To: {_addresses(reply_to)}"))
+        lines.append(_fold(f"Reply-To: {_addresses(reply_to, 'Reply-To')}"))
     lines += [
-        _fold(f"Subject: {_header_text(subject)}"),
-        f"Date: {formatdate(usegmt=True)}".encode(),
+        _fold(f"Subject: {_header_text(subject, 'Subject')}"),
+        f"Date: {format_datetime(datetime.now(UTC))}".encode(),  # +0000, not obs-zone GMT
         f"Message-ID: {message_id(email_id, domain)}".encode(),
         b"MIME-Version: 1.0",
     ]
     for name, value in headers:
         if name.lower() in OWN_HEADERS or not _NAME.match(name):
             continue
-        lines.append(_fold(f"{name}: {_header_text(value)}"))
+        lines.append(_fold(f"{name}: {_header_text(value, name)}"))
     if text is None and html is not None:
         text = html_to_text(html)
     if html is None:

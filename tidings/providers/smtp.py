@@ -19,6 +19,7 @@ the worker to retry with backoff.
 
 from __future__ import annotations
 
+import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -42,6 +43,8 @@ from tidings.providers.email import (
     OutgoingEmail,
     Progress,
 )
+
+log = logging.getLogger("tidings.emails")
 
 NAME = "smtp"
 # A pooled connection idle longer than this is replaced rather than reused:
@@ -365,5 +368,11 @@ async def open_smtp_provider(
 @asynccontextmanager
 async def open_provider(config: Config) -> AsyncIterator[EmailProvider]:
     """The opener ``tidings.providers.select`` names for ``smtp``."""
+    if not config.public_url.lower().startswith("https://"):
+        log.warning(
+            "TIDINGS_PUBLIC_URL is %s, not https: broadcast emails carry one-click "
+            "unsubscribe links that mailbox providers ignore unless they are https "
+            "(RFC 8058 §3.1)", config.public_url,
+        )
     async with open_smtp_provider(config) as provider:
         yield provider
