@@ -89,6 +89,11 @@ class SendJob:
         self._emails = emails
         self._held: set[UUID] = set()
         self._lost: set[UUID] = set()
+        # When each held lease ends at the latest, on trio's clock as this
+        # process last took or renewed it (the clock started before the
+        # statement, so never later than PostgreSQL's): a process that
+        # stalled past it begins no hand-over (``may_begin``).
+        self._ends: dict[UUID, float] = {}
         # Held emails whose attempt began, as it goes; those skipped because
         # their lease was lost.
         self._begun: dict[UUID, Underway] = {}
@@ -112,16 +117,27 @@ class SendJob:
             await trio.sleep(lease / 3)
             held = list(self._held)
             if held:
+                asked = trio.current_time()
                 kept = await emails.db.run(store.renew, held, emails.owner, lease)
                 # Not those recorded or released meanwhile: their leases ended here.
                 self._lost.update((set(held) - kept) & self._held)
+                self._ends.update((key, asked + lease) for key in kept & self._held)
 
     async def claim(self, limit: int) -> Batch[store.Claimed]:
         emails = self._emails
+        asked = trio.current_time()
         claimed, next_in, verified = await emails.db.run(
             claim_with_domains, self._team_id, emails.owner,
             emails.config.email_lease_seconds, limit,
         )
+        ends = asked + emails.config.email_lease_seconds
+        self._ends.update((item.id, ends) for item in claimed)
+        # An email this actor is still sending, whose lease ended while the
+        # process stalled and that the claim took again: the attempt under
+        # way goes on under the new lease; a second would send it twice.
+        again = {item.id for item in claimed} & self._held
+        self._lost -= again
+        claimed = [item for item in claimed if item.id not in again]
         self._held.update(item.id for item in claimed)
         self._domain_ids.update({item.id: verified.get(item.domain) for item in claimed})
         return Batch(claimed, next_in)
@@ -135,9 +151,28 @@ class SendJob:
             self._skipped.add(item.id)
             return store.Attempted(item, None, None, None, None, self._emails.provider.name, [])
         underway = self._begun[item.id] = Underway()
+        underway.progress.may_begin = lambda: self._holds(item.id)
         attempted = await self._emails.attempt(item, domain_id, underway)
+        if underway.progress.stopped:
+            # What was handed over is recorded (if the lease is still this
+            # process's), the rest tried again at once; nothing handed over:
+            # the email is released, as if never claimed.
+            cut = self._emails.cut_short(item, underway)
+            if cut is None:
+                self._skipped.add(item.id)
+                return store.Attempted(item, None, None, None, None,
+                                       self._emails.provider.name, [])
+            attempted = cut
         underway.finished = True
         return attempted
+
+    def _holds(self, key: UUID) -> bool:
+        """Whether this process surely still holds the email's lease: not
+        lost at a renewal, and not past its end with a margin for the
+        hand-over to begin (a stall of the process, a long wait for a
+        connection)."""
+        margin = min(1.0, self._emails.config.email_lease_seconds / 10)
+        return key not in self._lost and trio.current_time() < self._ends.get(key, 0) - margin
 
     async def record(self, done: Sequence[tuple[store.Claimed, store.Attempted]]) -> None:
         emails = self._emails
@@ -188,5 +223,6 @@ class SendJob:
                 ids.discard(item.id)
             self._begun.pop(item.id, None)
             self._finished.pop(item.id, None)
+            self._ends.pop(item.id, None)
 
 

@@ -16,7 +16,7 @@ cancellation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal, Protocol
@@ -133,6 +133,12 @@ class Progress:
     provider_message_id: str | None = None
     outcomes: list[EmailOutcome] = field(default_factory=list)
     deferred: list[Deferral] = field(default_factory=list)
+    # Asked before each recipient's hand-over begins: False when the work
+    # may have passed to another process meanwhile (its lease may have
+    # ended while this one stalled). The provider then stops, ``stopped``
+    # set, leaving the recipients not begun with no outcome at all.
+    may_begin: Callable[[], bool] = lambda: True
+    stopped: bool = False
 
     def done(self) -> set[str]:
         """The recipients with an outcome or a deferral."""

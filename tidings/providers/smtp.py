@@ -248,6 +248,9 @@ class SmtpProvider:
             conn: SmtpConnection | None = None
             budget = trio.current_time() + self.email_seconds
             for position, recipient in enumerate(email.recipients):
+                if not progress.may_begin():
+                    progress.stopped = True  # another process may be sending it now
+                    break
                 if trio.current_time() >= budget:
                     # Recipients whose servers answer slowly (a tarpit) hold
                     # the connection no longer: the rest wait for the next try.
