@@ -5,7 +5,8 @@ then send is 202."""
 
 from __future__ import annotations
 
-from uuid import UUID
+from datetime import UTC, datetime
+from uuid import UUID, uuid4
 
 import httpx
 import pytest
@@ -15,9 +16,10 @@ from tests.conftest import assert_error
 from tests.sms.helpers import NUMBER, event_types, later, ok, send, settled
 from tests.webhooks.receiver import Receiver
 from tidings.config import Config
+from tidings.providers.sms import OutgoingSms
 from tidings.providers.twilio import signature
 from tidings.service import Service
-from tidings.storage.sms_sending import record_due_followups
+from tidings.storage.sms_sending import Claimed, record_due_followups
 
 TOKEN = "twilio-test-auth-token"
 PUBLIC = "https://tidings.example"
@@ -286,3 +288,23 @@ async def test_statuses_falling_due_together_are_applied_in_the_order_they_fell_
     assert await event_types(sms_client, sms["id"]) == [  # by when they happened
         "message.submitted", "message.sent", "message.delivered", "message.queued"
     ]
+
+
+async def test_an_attempts_own_statuses_carry_the_time_of_its_answer(service: Service) -> None:
+    """Recorded late (a stalled or restarting process), ``submitted`` still
+    comes before the ``sent`` and ``delivered`` that fall due from the
+    answer: it carries the answer's time, not the recording's."""
+    side = service.sms
+    claimed = Claimed(
+        id=uuid4(), team_id=uuid4(), to_number=NUMBER, from_sender="Acme", body="Hi",
+        status="processing", attempt_count=0, send_begun_at=None, sender_ok=True,
+        opted_out=False,
+    )
+    before = datetime.now(UTC)
+    result = await side.provider.send(OutgoingSms(
+        message_id=claimed.id, team_id=claimed.team_id, to=NUMBER, sender="Acme", body="Hi"))
+    attempted = side._finish(claimed, result, [])
+    assert [r.status for r in attempted.reports] == ["submitted"]
+    stamped = [r.occurred_at for r in attempted.reports]
+    assert all(at is not None and at >= before for at in stamped), stamped
+    assert max(at for at in stamped if at) < min(f.due_at for f in attempted.followups)

@@ -196,9 +196,14 @@ class SmsSide:
             reports.append(Report(sms.id, "failed", result.provider, result.retry.code,
                                   result.retry.message))
             return store.Attempted(sms, result.provider, None, reports)
-        for update in result.now():
+        # At the answer's time (a microsecond apart, in order), not when the
+        # batch is recorded: the statuses that follow are due from it, and a
+        # recording that lags (a stalled or restarting process) must not put
+        # `submitted` after them.
+        for n, update in enumerate(result.now(), start=1):
             reports.append(Report(sms.id, update.status, result.provider, update.code,
-                                  update.message, message_id=result.provider_message_id))
+                                  update.message, message_id=result.provider_message_id,
+                                  occurred_at=now + timedelta(microseconds=n)))
         followups = [
             store.Followup(sms.id, "status", now + u.after, result.provider, u.status,
                            code=u.code, message=u.message)
