@@ -4,8 +4,9 @@ publish chooses the version sends use, and no route changes a stored version."""
 from __future__ import annotations
 
 import functools
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any, cast
 from uuid import UUID
 
 import asyncpg
@@ -14,7 +15,13 @@ import pytest
 import trio
 
 from tests.conftest import assert_error
+from tidings.http.emails import _prepare as prepare_email
+from tidings.http.emails_input import SendEmail
+from tidings.http.envelope import ApiError
+from tidings.http.routing import Call
+from tidings.http.templates import detail
 from tidings.service import Service
+from tidings.storage import templates as template_store
 
 GREETING = {
     "name": "Greeting",
@@ -292,6 +299,53 @@ async def test_a_publish_that_meets_a_patch_in_flight_publishes_its_version(
     [published] = answers
     assert published.status_code == 200, published.text
     assert published.json()["data"]["published_version_number"] == 2
+
+
+class DeletesAfterFirstRead:
+    """A connection on which the template is deleted, on another connection,
+    just after the first row is read: a DELETE racing a request's two reads."""
+
+    def __init__(self, conn: Any, service: Service, template_id: UUID) -> None:
+        self._conn, self._service, self._template_id = conn, service, template_id
+        self.raced = False
+
+    async def fetchrow(self, query: str, *args: object) -> Any:
+        row = await self._conn.fetchrow(query, *args)
+        if not self.raced:
+            self.raced = True
+            async with self._service.db.acquire() as other:
+                await other.execute("DELETE FROM templates WHERE id = $1", self._template_id)
+        return row
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+async def test_a_template_deleted_between_a_requests_reads_is_404(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    for use in ("detail", "send"):
+        template = await make(client, alias=None, name=f"Gone {use}")
+        assert (await client.post(f"/templates/{template['id']}/publish")).status_code == 200
+        template_id = UUID(template["id"])
+        async with service.db.acquire() as conn:
+            team_id = await conn.fetchval("SELECT team_id FROM templates WHERE id = $1",
+                                          template_id)
+            racing = DeletesAfterFirstRead(conn, service, template_id)
+            call = Call(service, cast(Any, SimpleNamespace(team_id=team_id)), cast(Any, racing))
+            with pytest.raises(ApiError) as refused:
+                if use == "detail":
+                    found = await template_store.get_template(
+                        call.conn, team_id, template_store.TemplateRef(id=template_id))
+                    assert found is not None
+                    await detail(call, found)
+                else:
+                    body = SendEmail.model_validate({
+                        "from": "hi@acme.example", "to": "ada@example.com",
+                        "template": {"id": str(template_id)}})
+                    await prepare_email(call, body, datetime.now(UTC))
+        assert racing.raced
+        assert (refused.value.status, refused.value.message) == (404, "template not found")
 
 
 async def test_publishing_a_version_of_another_template_is_404(

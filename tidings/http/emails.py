@@ -185,7 +185,9 @@ async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail
         versions = await template_store.get_versions(
             call.conn, call.team_id, [template.published_version_id]
         )
-        version = versions[template.published_version_id]
+        version = versions.get(template.published_version_id)
+        if version is None:  # deleted, with its versions, since it was read
+            raise not_found("template")
         try:
             rendered = render(version, body.template.variables)
         except RenderError as error:

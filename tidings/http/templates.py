@@ -104,6 +104,9 @@ async def detail(call: Call, template: store.Template) -> TemplateDetail:
     if template.published_version_id is not None:
         wanted.append(template.published_version_id)
     versions = await store.get_versions(call.conn, call.team_id, wanted)
+    if any(version_id not in versions for version_id in wanted):
+        # Versions go only with their template: it was deleted since it was read.
+        raise not_found("template")
     published = (
         None
         if template.published_version_id is None
