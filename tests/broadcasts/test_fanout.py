@@ -208,12 +208,20 @@ async def test_give_up_marks_failed(service: Service, client: httpx.AsyncClient,
     assert await service.db.run(fanout.fail, uuid4(), "none") is None
 
 
+async def in_chunks_of_one(
+    client: httpx.AsyncClient, service: Service, audience: Audience
+) -> tuple[str, UUID, Batch]:
+    """A broadcast sent while held, its snapshot in chunks of one contact:
+    its id, the holding owner, and what its batches are given."""
+    bid, owner = await sent_while_held(client, service, draft(audience))
+    await service.db.run(fanout.snapshot, UUID(bid), owner, 1)
+    return bid, owner, await batch_args(service, bid, owner)
+
+
 async def test_batches_side_by_side_take_distinct_chunks(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:
-    bid, owner = await sent_while_held(client, service, draft(audience))
-    await service.db.run(fanout.snapshot, UUID(bid), owner, 1)
-    batch = await batch_args(service, bid, owner)
+    bid, owner, batch = await in_chunks_of_one(client, service, audience)
     async with service.db.acquire() as first, first.transaction():
         # A batch in flight on another connection holds chunk 0 ...
         claimed = await first.fetch(CLAIM_CHUNK, UUID(bid), owner, [], "acme.example")
@@ -229,9 +237,7 @@ async def test_batches_side_by_side_take_distinct_chunks(
 async def test_a_cancel_waits_for_the_batches_in_flight_and_answers_final_counts(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:
-    bid, owner = await sent_while_held(client, service, draft(audience))
-    await service.db.run(fanout.snapshot, UUID(bid), owner, 1)  # a chunk per contact
-    batch = await batch_args(service, bid, owner)
+    bid, owner, batch = await in_chunks_of_one(client, service, audience)
     answers: list[dict[str, Any]] = []
 
     async def cancel() -> None:
@@ -260,9 +266,7 @@ async def test_a_cancel_waits_for_the_batches_in_flight_and_answers_final_counts
 async def test_updated_at_never_moves_back_when_batches_commit_out_of_order(
     client: httpx.AsyncClient, audience: Audience, service: Service
 ) -> None:
-    bid, owner = await sent_while_held(client, service, draft(audience))
-    await service.db.run(fanout.snapshot, UUID(bid), owner, 1)
-    batch = await batch_args(service, bid, owner)
+    bid, owner, batch = await in_chunks_of_one(client, service, audience)
     async with service.db.acquire() as first, first.transaction():
         await first.execute("SELECT 1")  # this batch's transaction begins first ...
         await trio.sleep(0.05)

@@ -5,13 +5,19 @@ the email can no longer be moved or canceled. An attempt that was not
 recorded (cut short by a shutdown after some recipients had their message,
 or left by a process killed mid-send) leaves the email taken up, never
 scheduled again; the next attempt goes to every recipient without an
-outcome, those the unfinished one reached too (at least once)."""
+outcome, those the unfinished one reached too (at least once).
+
+A process that stalls past its leases begins no hand-over of the emails
+it held: another process may be sending them already; an email it was
+sending when it stalled, and claimed again after, goes once."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import signal
+import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -20,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
+import asyncpg
 import httpx
 import pytest
 import trio
@@ -74,9 +81,11 @@ def port(sink: HeldSink) -> Iterator[int]:
 
 
 @asynccontextmanager
-async def api(database_url: str, port: int) -> AsyncIterator[tuple[Service, str]]:
-    """A service sending to the sink, and its HTTP base URL."""
-    async with open_service(smtp_config(database_url, port)) as service:
+async def api(
+    database_url: str, port: int, **settings: Any
+) -> AsyncIterator[tuple[Service, str]]:
+    """A service sending to the sink (with ``settings`` of its Config), and its HTTP base URL."""
+    async with open_service(smtp_config(database_url, port).with_(**settings)) as service:
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(serve_http, service, "127.0.0.1", 0)
             yield service, binds[0]
@@ -332,3 +341,70 @@ async def test_an_attempt_whose_recording_a_shutdown_cut_short_is_recorded_as_it
     async with api(database_url, port):
         await trio.sleep(1.5)  # a process that would send it again has had the time
     assert [sink.received(r) for r in RECIPIENTS] == [1, 1, 1]
+
+
+# --- a process that stalls past its leases ---------------------------------------------
+
+LEASE = 2.0
+
+
+def take_over(database_url: str, email_id: UUID, taken: list[bool]) -> None:
+    """Another process claims the email once its lease has ended (and keeps
+    it, sending nothing)."""
+
+    async def claim() -> None:
+        conn = await asyncpg.connect(database_url)
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                status = await conn.execute(
+                    "UPDATE emails SET lease_owner = gen_random_uuid(),"
+                    " leased_until = now() + interval '60 seconds'"
+                    " WHERE id = $1 AND leased_until < now()", email_id)
+                if status == "UPDATE 1":
+                    taken.append(True)
+                    return
+                await asyncio.sleep(0.05)
+        finally:
+            await conn.close()
+
+    asyncio.new_event_loop().run_until_complete(claim())
+
+
+async def test_a_stalled_process_does_not_send_what_another_took_over(
+    database_url: str, sink: HeldSink, port: int
+) -> None:
+    # One connection to the relay: a second email waits for it, claimed.
+    async with api(database_url, port, email_lease_seconds=LEASE, smtp_connections=1) as (
+        service, base_url
+    ):
+        credential = await acme(service, base_url)
+        async with httpx.AsyncClient(base_url=base_url, headers=credential.headers) as client:
+            body = {"from": SENDER, "subject": "Hi", "text": "Hi"}
+            ok(await client.post("/emails", json={**body, "to": "slow@example.com"}), 202)
+            await until(lambda: sink.waiting)  # it holds the only connection
+            waiting = ok(await client.post("/emails", json={**body, "to": "bo@example.com"}), 202)
+            email_id = UUID(waiting["id"])
+
+            async def claimed() -> bool:
+                async with triopg.connect(database_url) as conn:
+                    return bool(await conn.fetchval(
+                        "SELECT lease_owner IS NOT NULL FROM emails WHERE id = $1", email_id))
+
+            await until(claimed)
+            # The process stalls (a pause, a swap storm) past the lease, and
+            # another process takes the waiting email over meanwhile.
+            taken: list[bool] = []
+            other = threading.Thread(target=take_over, args=(database_url, email_id, taken))
+            other.start()
+            time.sleep(LEASE + 1.5)  # noqa: ASYNC251 - the stall itself
+            other.join()
+            assert taken == [True]
+            sink.hold = False
+            await until(lambda: sink.received("slow@example.com") >= 1)
+            await trio.sleep(1.0)
+            # The email mid-way goes once: this process, whose lease on it
+            # ended and which claimed it again, does not begin it twice ...
+            assert sink.received("slow@example.com") == 1
+            # ... and the one another process took is left to that process.
+            assert sink.received("bo@example.com") == 0
