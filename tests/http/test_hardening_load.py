@@ -236,10 +236,12 @@ async def test_requests_beyond_the_in_flight_bound_are_shed(
                     nursery.start_soon(client.get, "/contacts")
                 await wait_for(lambda: shedder.in_flight == 2)
                 with trio.fail_after(PROBE_SECONDS):
-                    # Even a route without storage is shed; the probes are not.
-                    assert_error(await client.get("/metrics"), 503, "SERVICE_UNAVAILABLE")
+                    # Even a route without storage is shed; the probes and
+                    # the metrics are not.
+                    assert_error(await client.get("/openapi.json"), 503, "SERVICE_UNAVAILABLE")
                     assert (await client.get("/healthz")).status_code == 200
                     assert (await client.get("/readyz")).status_code == 200
+                    assert (await client.get("/metrics")).status_code == 200
         assert shedder.shed_total == 1
 
 
