@@ -195,6 +195,32 @@ def one_line(text: str) -> str:
     return CONTROL_CHARACTERS.sub("", _LINE_BREAK.sub(" ", text))
 
 
+# A subject's longest line (RFC 5322 §2.1.1), and what makes one seen: a
+# character that is not a space or a control character.
+MAX_SUBJECT_CHARACTERS = 998
+VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
+
+
+def subject_fault(subject: str) -> str | None:
+    """Why a rendered subject cannot be sent (None: it can): longer than a
+    header line, or without a character a reader would see."""
+    if len(subject) > MAX_SUBJECT_CHARACTERS:
+        return (f"the rendered subject has {len(subject)} characters; "
+                f"a subject has at most {MAX_SUBJECT_CHARACTERS}")
+    if not VISIBLE.search(subject):
+        return "the rendered subject is empty (its variables gave it no visible character)"
+    return None
+
+
+def rendered_size(*parts: str | None) -> int:
+    """The UTF-8 bytes of a render's parts, counted only when they could be
+    over ``MAX_RENDERED_BYTES`` (a character is at most 4 bytes)."""
+    characters = sum(len(part) for part in parts if part)
+    if characters * 4 <= MAX_RENDERED_BYTES:
+        return characters
+    return sum(len(part.encode("utf-8", "surrogatepass")) for part in parts if part)
+
+
 def check_variables(variables: Sequence[Variable]) -> None:
     """Raise TemplateError for a bad key, a duplicate key or a fallback of another type."""
     if len(variables) > MAX_VARIABLES:

@@ -145,6 +145,12 @@ def test_where_the_preheader_goes_without_a_body_tag() -> None:
         ("<!--[if mso]><body class=o><![endif]--><body><p>x</p>",
          "<!--[if mso]><body class=o><![endif]--><body>"),
         ("<!-- <body> --><p>x</p>", ""),
+        # A "<!--" in a script or an attribute value starts no comment.
+        ('<html><head><script>var m="<!--";</script></head><body class="b"><p>x</p>',
+         '<html><head><script>var m="<!--";</script></head><body class="b">'),
+        ("<head><style>/* <!-- */</style></head><p>x</p>",
+         "<head><style>/* <!-- */</style></head>"),
+        ('<body data-x="<!--"><p>x</p>', '<body data-x="<!--">'),
     ]
     for html, before in cases:
         assert html[:preheader_offset(html)] == before, html
@@ -203,3 +209,16 @@ def test_a_body_tag_inside_a_title_a_script_or_an_attribute_is_not_the_body() ->
     ]
     for html, before in cases:
         assert html[: preheader_offset(html)] == before, html
+
+
+def test_an_email_past_a_templates_limits_fails_for_its_recipient() -> None:
+    """As POST /emails refuses a template's render with 422: a subject too
+    long or with nothing to see, an email over 4 MiB."""
+    rows = [(uuid4(), f"r{n}@example.com", name, None, None)
+            for n, name in enumerate(["Ada", "", " \t", "x" * 999, "Bo"])]
+    made = _render(subject="{{{first_name}}}", rows=rows)
+    assert (made.subjects, made.failed) == (["Ada", "Bo"], 3)
+    big = _render(html="<p>" + "{{{big}}}" * 50 + "</p>", bindings={"big": "x" * 100_000})
+    assert (big.htmls, big.failed) == ([], 1)
+    fits = _render(html="<p>" + "{{{big}}}" * 20 + "</p>", bindings={"big": "x" * 100_000})
+    assert (len(fits.htmls), fits.failed) == (1, 0)

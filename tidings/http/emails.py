@@ -8,7 +8,6 @@ team's quota) runs on the asyncio side in one crossing.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -30,7 +29,7 @@ from tidings.http.envelope import ApiError, bad_request, conflict, not_found, un
 from tidings.http.models import CreatedRangeQuery, Moment, RequestBody
 from tidings.http.paging import MAX_LIMIT, QueryInt
 from tidings.http.routing import Call, Routes
-from tidings.rendering import RenderError, render
+from tidings.rendering import RenderError, render, subject_fault
 from tidings.storage import emails as store
 from tidings.storage import emails_manage as manage
 from tidings.storage import templates as template_store
@@ -38,8 +37,6 @@ from tidings.storage import templates as template_store
 routes = Routes("Email", storage_units=True)
 
 MAX_BATCH = 100
-# A character a reader sees: neither whitespace nor a control character.
-_VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
 Status = Literal[
     "scheduled", "queued", "sent", "delivered", "delivery_delayed", "bounced",
     "complained", "failed", "suppressed", "canceled",
@@ -193,14 +190,10 @@ async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail
         except RenderError as error:
             raise InputError(422, f"template.{error}") from None
         subject, html, text = rendered.subject, rendered.html, rendered.text
-        if len(subject) > MAX_ADDRESS_FIELD:
-            raise InputError(422, f"template: the rendered subject has {len(subject)} characters; "
-                                  f"a subject has at most {MAX_ADDRESS_FIELD}")
-        if not _VISIBLE.search(subject):
-            # As a subject given directly must hold one character: an email
-            # without one reads as spam, and its variables were likely wrong.
-            raise InputError(422, "template: the rendered subject is empty (its variables "
-                                  "gave it no visible character)")
+        # As a subject given directly must fit a line and hold one character:
+        # an email without one reads as spam, and its variables were likely wrong.
+        if (fault := subject_fault(subject)) is not None:
+            raise InputError(422, f"template: {fault}")
         if from_ is None and version.from_email is not None:
             from_ = shown(version.from_email, version.from_name)
         if reply_to is None and version.reply_to_email is not None:

@@ -12,10 +12,12 @@ first of these that has a value:
 
 A placeholder with no value for a recipient means that recipient's email
 cannot be made: it counts in ``failed_count`` (bind the key to ``""`` to
-render it empty). Values are written as text by ``format_value`` and go into
-the html escaped, into the subject through ``one_line`` (the subject's own
-text too) and into the text as they are: the functions ``tidings.rendering``
-uses for templates, so both give the same subject and the same numbers.
+render it empty); so does an email past a template render's limits (over
+4 MiB, or a subject of more than 998 characters or with none to see).
+Values are written as text by ``format_value`` and go into the html
+escaped, into the subject through ``one_line`` (the subject's own text too)
+and into the text as they are: the functions ``tidings.rendering`` uses for
+templates, so both give the same subject and the same numbers.
 
 ``preview_text`` is literal text (escaped, never a placeholder) in a hidden
 block put right after the html's ``<body>`` tag (``preheader_offset``).
@@ -37,7 +39,14 @@ from html.parser import HTMLParser
 from typing import Any
 from uuid import UUID
 
-from tidings.rendering import format_value, one_line, placeholders
+from tidings.rendering import (
+    MAX_RENDERED_BYTES,
+    format_value,
+    one_line,
+    placeholders,
+    rendered_size,
+    subject_fault,
+)
 from tidings.unsubscribe import TokenKey
 
 # The placeholder syntax of tidings.rendering.
@@ -84,14 +93,12 @@ def preheader(preview_text: str) -> str:
     )
 
 
-# Searched in the html with placeholders and comments blanked out, so that
-# neither a placeholder nor a commented-out tag (an Outlook conditional) counts.
-_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
-
-
 class _BodyFinder(HTMLParser):
     """Where the body's start tag (else the head's end tag) ends, as a parser
-    reads them: not a ``<body>`` inside a title, a script or an attribute."""
+    reads them (in the html with its placeholders blanked out): not a
+    ``<body>`` inside a comment (an Outlook conditional), a title, a script
+    or an attribute, and a ``<!--`` inside a script or an attribute value
+    starts no comment."""
 
     TEXT_ONLY = ("title", "textarea")
 
@@ -137,7 +144,6 @@ def preheader_offset(html: str) -> int:
     # Placeholders first, as rendering reads them: a key may hold anything,
     # "-->" or "<body>" too, and the offset must never fall inside one.
     masked = _PLACEHOLDER.sub(lambda m: "_" * len(m.group()), html)
-    masked = _COMMENT.sub(lambda m: " " * len(m.group()), masked)
     finder = _BodyFinder(masked)
     finder.feed(masked)
     finder.close()
@@ -290,6 +296,14 @@ class Renderer:
                         own[k] if k in own else text_defaults[k] for k in text_keys
                     ])
             except KeyError:  # a key with no value for this recipient
+                out.failed += 1
+                continue
+            # The limits a template's render has (POST /emails answers 422):
+            # an email over 4 MiB, or a subject too long or with nothing to
+            # see, fails for this recipient rather than being sent.
+            if subject_fault(subject) is not None or (
+                rendered_size(subject, html, text) > MAX_RENDERED_BYTES
+            ):
                 out.failed += 1
                 continue
             out.contact_ids.append(contact_id)
