@@ -16,6 +16,7 @@ from tidings.config import Config
 from tidings.http import lean_connections
 from tidings.http.app import create_app
 from tidings.http.connection import SoundConnections
+from tidings.http.protocol_errors import CONFIG_OBSERVE
 from tidings.service import Service, open_service
 
 log = logging.getLogger("tidings")
@@ -58,9 +59,12 @@ async def serve_asgi(
     keep_alive_seconds: float = KEEP_ALIVE_SECONDS,
     write_seconds: float = lean_connections.WRITE_SECONDS,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    observe: Callable[[str, str, int], None] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the ASGI ``app`` on hypercorn, as Tidings serves its own.
+    ``observe(method, route, status)`` counts the answers given before the
+    app saw the request (a request that could not be read).
 
     Reports the bound addresses (``http://host:port``) once it accepts
     requests. On shutdown it stops accepting and lets in-flight requests
@@ -76,6 +80,7 @@ async def serve_asgi(
     http_config.errorlog = logging.getLogger("hypercorn.error")
     http_config.keep_alive_timeout = keep_alive_seconds
     setattr(http_config, lean_connections.CONFIG_WRITE_SECONDS, write_seconds)  # noqa: B010
+    setattr(http_config, CONFIG_OBSERVE, observe)  # noqa: B010
     stopping = trio.Event()
 
     async def stop_when_triggered() -> None:
@@ -104,6 +109,7 @@ async def serve_http(
         create_app(service), host, port, reuse_port=reuse_port,
         grace_seconds=service.config.shutdown_grace_seconds,
         shutdown_trigger=shutdown_trigger, task_status=task_status,
+        observe=lambda method, route, status: service.metrics.observe(method, route, status, 0.0),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import trio
 
 from tests.conftest import Credential, assert_error
 
@@ -69,16 +70,43 @@ async def test_a_401_says_how_to_authenticate(
 
 
 async def test_made_up_methods_do_not_grow_the_metrics(http: httpx.AsyncClient) -> None:
-    # Not implemented (501) before any route is looked at, and counted nowhere.
+    # Not implemented (501) before any route is looked at: counted, all in
+    # one series, whatever the method's name.
     for number in range(20):
         response = await http.request(f"X{number}METHOD", "/contacts")
         assert_error(response, 501, "BAD_REQUEST")
     text = (await http.get("/metrics")).text
     assert "X0METHOD" not in text and "X19METHOD" not in text
+    assert 'method="OTHER",route="(unread)",status="501"} 20.0' in text
     # A method of Tidings on a path without it is 405, counted under its name.
     assert_error(await http.request("PUT", "/contacts"), 405, "BAD_REQUEST")
     text = (await http.get("/metrics")).text
     assert 'method="PUT",route="unmatched",status="405"} 1.0' in text
+
+
+async def test_requests_refused_before_any_route_are_counted(http: httpx.AsyncClient) -> None:
+    """Every answered request is in the metrics, as in the access log: those
+    refused for their framing or coding too."""
+    host, port = http.base_url.host, http.base_url.port
+    assert port is not None
+    for request in (
+        b"POST /contacts HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /contacts HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: 2\r\n\r\nab",
+        b"GARBAGE\r\n\r\n",
+    ):
+        stream = await trio.open_tcp_stream(host, port)
+        async with stream:
+            await stream.send_all(request)
+            with trio.fail_after(5):
+                while await stream.receive_some():
+                    pass
+    text = (await http.get("/metrics")).text
+    for series in ('method="POST",route="(ambiguous)",status="400"} 1.0',
+                   'method="POST",route="(content coding)",status="415"} 1.0',
+                   'method="OTHER",route="(unread)",status="400"} 1.0'):
+        assert series in text, series
 
 
 async def test_options_is_204_with_allow_and_no_body(http: httpx.AsyncClient) -> None:

@@ -188,6 +188,8 @@ def create_app(service: Service) -> QuartTrio:
         front_door,  # type: ignore[arg-type]
         max_in_flight=service.config.max_in_flight,
         max_storage=service.config.db_pool_size + service.config.max_db_waiters,
-        on_shed=lambda method: service.metrics.observe(method, "(shed)", 503, 0.0),
+        on_answer=lambda method, route, status: service.metrics.observe(
+            method, route, status, 0.0
+        ),
     )
     return app

@@ -64,6 +64,11 @@ class _Connection(h11.Connection):
         self.completed = False
 
 
+# The attribute of hypercorn's config that holds what counts the answers
+# given here (the service's metrics): ``observe(method, route, status)``.
+CONFIG_OBSERVE = "tidings_observe"
+
+
 class EnvelopeH11Protocol(H11Protocol):
     """Hypercorn's HTTP/1.1 protocol, with error answers in the envelope, and
     the limit on the request's head kept however the head arrived.
@@ -142,6 +147,9 @@ class EnvelopeH11Protocol(H11Protocol):
         )
         rid = choose_request_id(None)
         log_access("-", "(unread)", status_code, 0.0, None, rid)
+        observe = getattr(self.config, CONFIG_OBSERVE, None)
+        if observe is not None:
+            observe("-", "(unread)", status_code)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

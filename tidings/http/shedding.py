@@ -77,7 +77,8 @@ def _normalised(path: str) -> str:
 
 
 class Shedder:
-    """The ASGI wrapper. ``on_shed(method)`` is told of every refused request."""
+    """The ASGI wrapper. ``on_answer(method, route, status)`` is told of every
+    request it answers itself (shed, ambiguous, in a content coding)."""
 
     def __init__(
         self,
@@ -85,7 +86,7 @@ class Shedder:
         *,
         max_in_flight: int,
         max_storage: int,
-        on_shed: Callable[[str], None] = lambda _method: None,
+        on_answer: Callable[[str, str, int], None] = lambda _method, _route, _status: None,
     ) -> None:
         self.app = app
         self.max_in_flight = max_in_flight
@@ -93,7 +94,7 @@ class Shedder:
         self.in_flight = 0
         self.storage_in_flight = 0
         self.shed_total = 0
-        self._on_shed = on_shed
+        self._on_answer = on_answer
         self._refusal = error_body(
             "SERVICE_UNAVAILABLE",
             f"the server is at capacity; retry after {RETRY_AFTER_SECONDS} s",
@@ -181,7 +182,6 @@ class Shedder:
     async def _refuse(self, scope: HTTPScope, send: Send) -> None:
         """503 without reading the body, and the connection closed."""
         self.shed_total += 1
-        self._on_shed(scope["method"])
         await self._answer(scope, send, 503, self._refusal, retry=True, route="(shed)")
 
     async def _answer(
@@ -192,6 +192,7 @@ class Shedder:
         names ``route`` for the route it never reached."""
         rid = choose_request_id(_request_id_sent(scope))
         log_access(scope["method"], route, status, 0.0, None, rid)
+        self._on_answer(scope["method"], route, status)
         headers = [
             # As every response: the client's request id when sane, else a new one.
             (b"x-request-id", rid.encode()),
