@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -146,6 +147,37 @@ async def test_answers_during_shutdown_close_their_connections(tmp_path: Path) -
         with trio.fail_after(20):
             assert await process.wait() == 0
         assert trio.current_time() - answered < 10
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_a_second_signal_stops_at_once_and_says_so(tmp_path: Path) -> None:
+    """A second SIGTERM during the drain stops the process at once; the log
+    says that, not that the grace's deadline was reached (it was not)."""
+    env = service_env(tmp_path / "data")
+    port = free_port()
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "tidings", "serve", "--port", str(port)], env=env,
+        stderr=subprocess.PIPE)
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", process)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)  # a body that never ends
+        await stream.send_all(b"POST /contacts HTTP/1.1\r\nHost: a\r\n"
+                              b"Content-Length: 100\r\n\r\n{")
+        process.send_signal(signal.SIGTERM)
+        await trio.sleep(1.5)  # more than a second apart: not the same stop
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):  # well within the grace (30 s)
+            assert await process.wait() == 0
+        assert process.stderr is not None
+        log = b""
+        while chunk := await process.stderr.receive_some(65536):
+            log += chunk
+        assert b"second signal: stopping now" in log
+        assert b"deadline reached" not in log
+        await stream.aclose()
     finally:
         if process.returncode is None:
             process.kill()

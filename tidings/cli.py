@@ -82,7 +82,7 @@ async def run_until_signal(
                 await resolve_checked_url(config, 1)
             await serve(config, host, port, shutdown_trigger=stop.wait, reuse_port=reuse_port)
             nursery.cancel_scope.cancel()
-    if everything.cancelled_caught:
+    if everything.cancelled_caught and trio.current_time() >= everything.deadline:
         log.warning("shutdown deadline reached: work still running was cancelled")
     log.info("stopped")
 
