@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from uuid import RFC_4122, UUID, uuid4
 
+import asyncpg
 import httpx
 import trio
 
@@ -314,3 +318,86 @@ async def conn_count(service: Service, query: str) -> int:
     async with service.db.acquire() as conn:
         found: int = await conn.fetchval(query)
     return found
+
+
+class Recording:
+    """The batch's renderer, noting how many emails each call made."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.groups: list[int] = []
+
+    def render(self, rows: Any) -> Any:
+        made = self.inner.render(rows)
+        self.groups.append(len(made.htmls) + made.failed)
+        return made
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_chunk_of_large_emails_is_made_a_group_at_a_time(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    """A chunk is never made whole when its emails are large: a few first,
+    then as many as the batch's budget holds, each group queued before the
+    next is made; the chunk is done and counted once, as one batch."""
+    for n in range(12):
+        await add_contact(client, audience.segment_id, email=f"big{n}@example.com",
+                          first_name=f"Big{n}")
+    body = draft(audience, html="<p>{{{first_name}}}</p>" + "x" * 200_000)
+    bid, owner = await sent_while_held(client, service, body)
+    eligible = (await service.db.run(fanout.snapshot, UUID(bid), owner, 100)).eligible
+    recording = Recording((await batch_args(service, bid, owner)).renderer)
+    batch = replace(await batch_args(service, bid, owner), renderer=recording, budget=1_000_000)
+    done = await service.db.run(queue_batch, batch)
+    assert done.queued == eligible > 8
+    assert recording.groups[0] == 8 and max(recording.groups[1:]) <= 5, recording.groups
+    assert sum(recording.groups) == eligible
+    assert len(await emails_of(service, bid)) == eligible
+    shown = ok(await client.get(f"/broadcasts/{bid}"))
+    assert shown["queued_count"] == eligible
+    assert (await service.db.run(queue_batch, batch)).handled == 0  # the chunk is done
+
+
+async def test_a_chunk_whose_broadcast_is_taken_over_midway_writes_nothing(
+    client: httpx.AsyncClient, audience: Audience, service: Service
+) -> None:
+    """Its lease taken by another process between two groups of a chunk: the
+    groups already written are rolled back with the batch, and the chunk is
+    left for the process that holds the broadcast now."""
+    for n in range(12):
+        await add_contact(client, audience.segment_id, email=f"big{n}@example.com",
+                          first_name=f"Big{n}")
+    body = draft(audience, html="<p>{{{first_name}}}</p>" + "x" * 200_000)
+    bid, owner = await sent_while_held(client, service, body)
+    await service.db.run(fanout.snapshot, UUID(bid), owner, 100)
+    batch = await batch_args(service, bid, owner)
+
+    class TakenOver(Recording):
+        def render(self, rows: Any) -> Any:
+            if self.groups:  # after the first group is written
+                other = threading.Thread(target=take_over)  # another process, at once
+                other.start()
+                other.join()
+            return super().render(rows)
+
+    def take_over() -> None:
+        async def update() -> None:
+            conn = await asyncpg.connect(service.db.url)
+            try:
+                await conn.execute("UPDATE broadcasts SET lease_owner = $2 WHERE id = $1",
+                                   UUID(bid), uuid4())
+            finally:
+                await conn.close()
+
+        asyncio.new_event_loop().run_until_complete(update())
+
+    racing = TakenOver(batch.renderer)
+    done = await service.db.run(queue_batch, replace(batch, renderer=racing, budget=1_000_000))
+    assert len(racing.groups) >= 2 and done.held is False and done.queued == 0
+    assert await emails_of(service, bid) == []
+    async with service.db.acquire() as conn:
+        assert await conn.fetchval(
+            "SELECT count(*) FROM broadcast_chunks WHERE broadcast_id = $1 AND NOT done",
+            UUID(bid)) == 1

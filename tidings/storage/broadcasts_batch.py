@@ -12,8 +12,10 @@ A batch is one transaction on one connection:
    and signs its unsubscribe link;
 3. ``QUEUE_EMAILS`` inserts the emails, queued for the send worker, with
    their ``queued`` email events and webhook events, and marks the chunk
-   done; ``COUNT_BATCH`` then moves the broadcast's counts and extends the
-   lease; the team's email quota is claimed last.
+   done (a chunk of large emails is made and inserted in groups that each
+   fit ``Batch.budget``, the last marking it done); ``COUNT_BATCH`` then
+   moves the broadcast's counts and extends the lease; the team's email
+   quota is claimed last.
 
 Nothing is written unless the broadcast is still queued and leased to the
 caller. The broadcast row is only share-locked (``FOR KEY SHARE``) while a
@@ -33,7 +35,7 @@ from uuid import UUID
 
 from tidings.config import QuotaDefaults
 from tidings.storage.broadcasts import FANOUT_SHARED
-from tidings.storage.broadcasts_render import Renderer
+from tidings.storage.broadcasts_render import Rendered, Renderer
 from tidings.storage.connection import Connection
 from tidings.storage.emails import DUE_CHANNEL as EMAILS_DUE
 from tidings.storage.events import FANOUT
@@ -92,7 +94,8 @@ LEFT JOIN contacts c ON c.id = u.contact_id AND c.team_id = (SELECT team_id FROM
 
 # $1 broadcast, $2 lease owner, $3 the chunk; the emails: $4 contacts, $5
 # addresses, $6 subjects, $7 htmls, $8 texts, $9 unsubscribe links; $10 from
-# (as shown), $11 from (bare), $12 reply-to (array), $13 domain, $14 provider.
+# (as shown), $11 from (bare), $12 reply-to (array), $13 domain, $14 provider;
+# $15 whether these are the chunk's last emails (it is then marked done).
 QUEUE_EMAILS = f"""
 WITH b AS ({_HELD}), inserted AS (
     INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, reply_to,
@@ -128,7 +131,7 @@ WITH b AS ({_HELD}), inserted AS (
     RETURNING id, team_id, type
 ), {FANOUT}, finished AS (
     UPDATE broadcast_chunks k SET done = true
-    WHERE k.broadcast_id = $1 AND k.chunk = $3 AND EXISTS (SELECT 1 FROM b)
+    WHERE k.broadcast_id = $1 AND k.chunk = $3 AND $15::boolean AND EXISTS (SELECT 1 FROM b)
 )
 SELECT (SELECT count(*) FROM b) AS held,
        (SELECT count(*) FROM queued) AS queued,
@@ -170,6 +173,18 @@ class Batch:
     domain: str
     provider: str
     lease_seconds: float
+    # The most of a chunk's emails made at once, in bytes (about): a chunk
+    # of large emails is queued in several statements of one transaction.
+    budget: int = 32 * 1024 * 1024
+
+
+# The emails made first, to learn how large the chunk's emails are.
+PROBE = 8
+
+
+class _Lost(Exception):
+    """The broadcast was not the batch's any more after some of its chunk's
+    emails were written: the transaction is rolled back."""
 
 
 @dataclass(frozen=True)
@@ -202,22 +217,51 @@ async def claim_chunk(conn: Connection, batch: Batch) -> list[Any] | Queued:
     return list(rows)
 
 
+def _size(made: Rendered) -> int:
+    """About the bytes a group of emails holds (its characters)."""
+    parts = (made.htmls, made.subjects, made.texts)
+    return sum(len(part) for column in parts for part in column if part)
+
+
 async def queue_chunk(conn: Connection, batch: Batch, rows: list[Any]) -> Queued:
-    """The second half: the chunk's emails made and queued, the counts moved."""
+    """The second half: the chunk's emails made and queued, the counts moved.
+    The emails are made ``PROBE`` first, then as many at a time as
+    ``batch.budget`` holds at the size seen; what is made is queued once it
+    reaches the budget (a chunk of common emails: once, at its end), so a
+    chunk of large emails never sits whole in memory."""
     renderer = batch.renderer
     recipients = [row for row in rows if not row["blocked"]]
-    # An asyncpg Record iterates over its values, in the statement's order.
-    made = renderer.render(cast(list[Sequence[Any]], recipients))
-    texts = made.texts if renderer.has_text else None  # NULL: every text NULL
-    row = await conn.fetchrow(
-        QUEUE_EMAILS, batch.broadcast_id, batch.owner, rows[0]["chunk"], made.contact_ids,
-        made.emails, made.subjects, made.htmls, texts, made.links, batch.sender,
-        batch.from_email, batch.reply_to, batch.domain, batch.provider,
-    )
-    assert row is not None
-    if not row["held"]:
-        return Queued(False, 0, 0, 0)
-    done = Queued(True, len(rows), row["queued"], made.failed, len(rows) - len(recipients))
+    queued = failed = start = 0
+    step = min(PROBE, len(recipients))
+    made, size, written = Rendered(), 0, False
+    while True:
+        # An asyncpg Record iterates over its values, in the statement's order.
+        group = renderer.render(cast(list[Sequence[Any]], recipients[start:start + step]))
+        start += step
+        made.extend(group)
+        size += _size(group)
+        last = start >= len(recipients)
+        if last or size >= batch.budget:
+            texts = made.texts if renderer.has_text else None  # NULL: every text NULL
+            row = await conn.fetchrow(
+                QUEUE_EMAILS, batch.broadcast_id, batch.owner, rows[0]["chunk"],
+                made.contact_ids, made.emails, made.subjects, made.htmls, texts, made.links,
+                batch.sender, batch.from_email, batch.reply_to, batch.domain, batch.provider,
+                last,
+            )
+            assert row is not None
+            if not row["held"]:
+                if written:  # what the batch wrote before is rolled back with it
+                    raise _Lost
+                return Queued(False, 0, 0, 0)
+            queued, failed, written = queued + row["queued"], failed + made.failed, True
+            made, size = Rendered(), 0
+        if last:
+            break
+        if group.htmls:
+            step = max(1, min(len(recipients) - start,
+                              batch.budget * len(group.htmls) // max(_size(group), 1)))
+    done = Queued(True, len(rows), queued, failed, len(rows) - len(recipients))
     await conn.execute(COUNT_BATCH, batch.broadcast_id, done.handled, done.queued, done.failed,
                        batch.owner, batch.lease_seconds, done.blocked)
     return done
@@ -230,15 +274,21 @@ async def _queue(conn: Connection, batch: Batch) -> Queued:
 
 async def queue_batch(conn: Connection, batch: Batch) -> Queued:
     """One chunk, in one transaction."""
-    async with conn.transaction():
-        return await _queue(conn, batch)
+    try:
+        async with conn.transaction():
+            return await _queue(conn, batch)
+    except _Lost:
+        return Queued(False, 0, 0, 0)
 
 
 async def queue_counted(conn: Connection, batch: Batch, quotas: QuotaDefaults) -> Queued:
     """One chunk and the team's email quota for what it queued, in one
     transaction. Raises QuotaExceeded, leaving nothing of the batch."""
-    async with conn.transaction():
-        queued = await _queue(conn, batch)
-        if queued.queued:
-            await claim_quota(conn, batch.team_id, "email", queued.queued, quotas)
+    try:
+        async with conn.transaction():
+            queued = await _queue(conn, batch)
+            if queued.queued:
+                await claim_quota(conn, batch.team_id, "email", queued.queued, quotas)
+    except _Lost:
+        return Queued(False, 0, 0, 0)
     return queued

@@ -221,6 +221,12 @@ class Rendered:
     links: list[str] = field(default_factory=list)
     failed: int = 0
 
+    def extend(self, more: Rendered) -> None:
+        """Add the emails of ``more`` after these."""
+        for name in ("contact_ids", "emails", "subjects", "htmls", "texts", "links"):
+            getattr(self, name).extend(getattr(more, name))
+        self.failed += more.failed
+
 
 class Renderer:
     """A plan made ready to render one recipient after another: each part as
