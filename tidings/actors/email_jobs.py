@@ -148,8 +148,7 @@ class SendJob:
             # Another process may have it now: leave it alone. Nothing is
             # recorded for it: an attempt that sent nothing must not write
             # the email as done, were the lease this process's after all.
-            self._skipped.add(item.id)
-            return store.Attempted(item, None, None, None, None, self._emails.provider.name, [])
+            return self._skip(item)
         underway = self._begun[item.id] = Underway()
         underway.progress.may_begin = lambda: self._holds(item.id)
         attempted = await self._emails.attempt(item, domain_id, underway)
@@ -159,12 +158,16 @@ class SendJob:
             # the email is released, as if never claimed.
             cut = self._emails.cut_short(item, underway)
             if cut is None:
-                self._skipped.add(item.id)
-                return store.Attempted(item, None, None, None, None,
-                                       self._emails.provider.name, [])
+                return self._skip(item)
             attempted = cut
         underway.finished = True
         return attempted
+
+    def _skip(self, item: store.Claimed) -> store.Attempted:
+        """An attempt that handed nothing over: nothing is recorded for it,
+        and the email is released if its lease is still this process's."""
+        self._skipped.add(item.id)
+        return store.Attempted(item, None, None, None, None, self._emails.provider.name, [])
 
     def _holds(self, key: UUID) -> bool:
         """Whether this process surely still holds the email's lease: not
