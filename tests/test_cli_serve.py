@@ -163,9 +163,17 @@ async def test_a_second_signal_stops_at_once_and_says_so(tmp_path: Path) -> None
         stderr=subprocess.PIPE)
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", process)
-        stream = await trio.open_tcp_stream("127.0.0.1", port)  # a body that never ends
-        await stream.send_all(b"POST /contacts HTTP/1.1\r\nHost: a\r\n"
+        created = await trio.run_process(
+            [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
+            env=env, capture_stdout=True,
+        )
+        auth = b"Authorization: Bearer " + json.loads(created.stdout)["token"].encode()
+        # A request whose body never ends: the drain waits for it (up to 30 s).
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /contacts HTTP/1.1\r\nHost: a\r\n" + auth
+                              + b"\r\nContent-Type: application/json\r\n"
                               b"Content-Length: 100\r\n\r\n{")
+        await trio.sleep(0.3)
         process.send_signal(signal.SIGTERM)
         await trio.sleep(1.5)  # more than a second apart: not the same stop
         process.send_signal(signal.SIGTERM)
