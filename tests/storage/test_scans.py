@@ -18,7 +18,7 @@ import pytest
 from tidings.config import Config
 from tidings.storage import tokens as token_store
 from tidings.storage.db import Database, open_database
-from tidings.storage.email_outcomes import Outcome, record_outcomes
+from tidings.storage.email_outcomes import Outcome, record_outcomes, sent_email
 from tidings.storage.emails_sending import LEASES as EMAIL_LEASES
 from tidings.storage.leases import owners_of
 from tidings.storage.sms_sending import LEASES as SMS_LEASES
@@ -33,11 +33,11 @@ FROM pg_stat_xact_user_tables WHERE relname = $1
 EMAILS = """
 INSERT INTO emails (id, team_id, from_address, from_email, to_addresses, to_lookup, send_to,
                     subject, status, domain, smtp_message_id, next_attempt_at, leased_until)
-SELECT gen_random_uuid(), $1, 'a@acme.example', 'a@acme.example', ARRAY['r' || n || '@x.example'],
+SELECT id, $1, 'a@acme.example', 'a@acme.example', ARRAY['r' || n || '@x.example'],
        ARRAY['r' || n || '@x.example'], ARRAY['r' || n || '@x.example'], 'hi', 'queued',
-       'acme.example', '<' || n || '@acme.example>',
+       'acme.example', '<' || id || '@acme.example>',
        now() + $3 * interval '1 second', now() + $4 * interval '1 second'
-FROM generate_series(1, $2) n
+FROM (SELECT gen_random_uuid() AS id, n FROM generate_series(1, $2) n) g
 RETURNING id, to_addresses[1] AS recipient
 """
 
@@ -124,3 +124,27 @@ async def test_outcomes_read_the_events_of_their_own_emails_only(db: Database) -
     assert recorded == [False, True, False, False]
     assert read["seq_scan"] == 0, read
     assert read["rows"] < 50, read  # of the 12,000 events
+
+
+async def test_a_report_finds_its_email_by_the_id_in_its_message_id(db: Database) -> None:
+    acme = await team(db, "acme")
+    crowd = await emails(db, acme, 3000, None)
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO email_events (id, email_id, team_id, type, recipient)"
+            " VALUES (gen_random_uuid(), $1, $2, 'sent', $3)",
+            crowd[0]["id"], acme, crowd[0]["recipient"],
+        )
+        await conn.execute("ANALYZE emails")
+    mine = crowd[0]["id"]
+    async with db.transaction() as conn:
+        found = await sent_email(conn, f" <{mine}@acme.example> ")
+        read = await conn.fetchrow(READ, "emails")
+    assert found is not None and found.id == mine
+    assert found.sent_to == {crowd[0]["recipient"]: crowd[0]["recipient"]}
+    assert read["seq_scan"] == 0 and read["rows"] <= 1, read  # not the 3,000 emails
+    async with db.transaction() as conn:
+        assert await sent_email(conn, f"<{mine}@other.example>") is None  # its domain counts
+        assert await sent_email(conn, f"<{uuid4()}@acme.example>") is None
+        assert await sent_email(conn, "<1@acme.example>") is None  # not one Tidings gave
+        assert await sent_email(conn, f"<{mine}@acme.example><x@y>") is None

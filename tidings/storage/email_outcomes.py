@@ -10,6 +10,7 @@ runs inside ``Database.run``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -62,14 +63,19 @@ FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS r(id, status, at)
 WHERE t.id = r.id AND t.status_at <= r.at
 """
 
-# The email sent with a Message-ID, and the recipients it was handed over
-# for (a `sent` event each): the only ones a later report can be about.
+# The email sent with a Message-ID ($2, whose local part is its id, $1),
+# and the recipients it was handed over for (a `sent` event each): the only
+# ones a later report can be about.
 SENT_BY_SMTP_MESSAGE_ID = """
 SELECT e.id, array_remove(array_agg(ev.recipient), NULL) AS recipients
 FROM emails e LEFT JOIN email_events ev ON ev.email_id = e.id AND ev.type = 'sent'
-WHERE e.smtp_message_id = $1
+WHERE e.id = $1 AND e.smtp_message_id = $2
 GROUP BY e.id
 """
+# The Message-ID Tidings gives an email: <email id@domain>.
+_OWN_MESSAGE_ID = re.compile(
+    r"<([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})@[^<>@]+>"
+)
 
 
 @dataclass(frozen=True)
@@ -162,8 +168,12 @@ class SentEmail:
 
 
 async def sent_email(conn: Connection, message_id: str) -> SentEmail | None:
-    """The email sent with this ``Message-ID`` (``<...@domain>``), if any."""
-    row = await conn.fetchrow(SENT_BY_SMTP_MESSAGE_ID, message_id.strip())
+    """The email sent with this ``Message-ID`` (``<email id@domain>``), if any."""
+    message_id = message_id.strip()
+    own = _OWN_MESSAGE_ID.fullmatch(message_id)
+    if own is None:
+        return None
+    row = await conn.fetchrow(SENT_BY_SMTP_MESSAGE_ID, UUID(own.group(1)), message_id)
     if row is None:
         return None
     return SentEmail(row["id"], {address.lower(): address for address in row["recipients"]})
