@@ -29,6 +29,8 @@ def reports_config(database_url: str) -> Config:
     return Config(
         database_url=database_url, db_pool_size=6, rate_limit_per_second=0,
         shutdown_grace_seconds=2, email_poll_seconds=0.2, reports_secret=SECRET,
+        # A report of megabytes (TIDINGS_MAX_BODY_BYTES raised) is parsed below.
+        max_body_bytes=8 * 1024 * 1024,
     )
 
 

@@ -122,3 +122,28 @@ async def test_a_recipient_cannot_complain_for_another(
     assert answer["recorded"] == 1
     assert await suppressions(client) == {"bo@example.org": "complaint"}
     assert ok(await client.get(f"/emails/{email_id}"))["status"] == "complained"
+
+
+async def test_a_bounce_of_forwarded_mail_counts_for_the_recipient_the_sender_gave(
+    client: httpx.AsyncClient, http: httpx.AsyncClient, service: Service, acme_domain: str
+) -> None:
+    """bo@ forwards his mail; the forwarding address bounces. The DSN names
+    that address as its Final-Recipient and bo@ as its Original-Recipient,
+    and came back to bo@'s bounce address: it is bo@'s bounce. Naming ada@
+    as the original recipient does not make it hers."""
+    email_id, message_id, back = await two_recipients(client, service)
+    forwarded = dsn_about_bo(message_id, back["bo@example.org"]).replace(
+        b"Final-Recipient: rfc822; bo@example.org",
+        b"Original-Recipient: rfc822; ada@example.org\n"
+        b"Final-Recipient: rfc822; bo.forwarded@elsewhere.example",
+    )
+    answer = ok(await post_report(http, forwarded))
+    assert answer["recorded"] == 0  # ada@'s bounce address it did not come back to
+    forwarded = forwarded.replace(b"Original-Recipient: rfc822; ada@example.org",
+                                  b"Original-Recipient: rfc822; bo@example.org")
+    answer = ok(await post_report(http, forwarded))
+    assert [(r["recipient"], r["recorded"]) for r in answer["reports"]] == [
+        ("bo.forwarded@elsewhere.example", True), ("slow@example.org", False)
+    ]
+    assert await suppressions(client) == {"bo@example.org": "bounce"}
+    assert ok(await client.get(f"/emails/{email_id}"))["status"] == "bounced"

@@ -173,3 +173,43 @@ def test_a_report_about_too_many_recipients_is_not_one() -> None:
     rcpts = b"".join(f"Original-Rcpt-To: r{i}@example.org\n".encode() for i in range(1001))
     with pytest.raises(NotAReport, match="more than 1000 recipients"):
         parse_report(arf.replace(b"Feedback-Type: abuse\n", b"Feedback-Type: abuse\n" + rcpts))
+
+
+def test_a_report_sent_to_many_bounce_addresses_is_not_one() -> None:
+    """A report comes back to one bounce address; each one it names is a
+    check of every recipient it speaks of, so thousands are refused while
+    parsing, not checked one by one."""
+    raw = sample("postfix_bounce.eml")
+    addresses = [KEY.address(ID, f"r{i}@example.org", "bounces.acme.example") for i in range(9)]
+    eight = raw.replace(b"To: b-0f6c@bounces.acme.example",
+                        ("To: " + ", ".join(addresses[:8])).encode())
+    assert len(parse_reports(eight).bounce_addresses) == 8
+    nine = raw.replace(b"To: b-0f6c@bounces.acme.example",
+                       ("To: " + ", ".join(addresses)).encode())
+    with pytest.raises(NotAReport, match="more than 8 bounce addresses"):
+        parse_reports(nine)
+    # The same address repeated in the envelope headers is one.
+    again = raw.replace(b"To: b-0f6c@bounces.acme.example",
+                        ("To: " + ", ".join([addresses[0]] * 50)).encode())
+    assert len(parse_reports(again).bounce_addresses) == 1
+
+
+@pytest.mark.parametrize("header", [b"To: ", b"Final-Recipient: rfc822; "])
+def test_addresses_nested_too_deeply_are_not_a_report(header: bytes) -> None:
+    raw = sample("postfix_bounce.eml")
+    at = raw.index(b"To: b-0f6c") if header == b"To: " else raw.index(b"Final-Recipient: rfc822; g")
+    end = raw.index(b"\n", at)
+    with pytest.raises(NotAReport, match="nested"):
+        parse_reports(raw[:at] + header + b"(" * 5000 + raw[end:])
+
+
+def test_a_forwarded_recipient_keeps_the_address_the_sender_gave() -> None:
+    raw = sample("postfix_bounce.eml").replace(
+        b"Final-Recipient: rfc822; gone@example.org",
+        b"Original-Recipient: rfc822; gone@example.org\n"
+        b"Final-Recipient: rfc822; gone.forwarded@elsewhere.example",
+    )
+    found = parse_report(raw)[0]
+    assert (found.recipient, found.original_recipient) == (
+        "gone.forwarded@elsewhere.example", "gone@example.org")
+    assert parse_report(sample("postfix_bounce.eml"))[0].original_recipient is None

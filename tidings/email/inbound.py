@@ -80,6 +80,22 @@ def _vouched(
     return any(key.vouches(a, email_id, recipient) for a in addresses)
 
 
+def _vouched_recipient(
+    key: BounceKey, addresses: tuple[BounceAddress, ...],
+    found: tuple[SentEmail, dict[str, str]], report: Report,
+) -> str | None:
+    """The recipient of the email (as sent) that the report speaks of, when
+    the report came back to that recipient's bounce address: the one it
+    names, or the one the sender gave when the mail was forwarded on."""
+    email, recipients = found
+    for named in (report.recipient, report.original_recipient):
+        folded = None if named is None else _folded(named)
+        recipient = None if folded is None else recipients.get(folded)
+        if recipient is not None and _vouched(key, addresses, email.id, recipient):
+            return recipient
+    return None
+
+
 async def record_report(conn: Any, parsed: Reports, key: BounceKey) -> list[Handled]:
     """Record what a report (``parse_reports``) says about emails
     Tidings sent, for recipients they were sent to, when it came back to that
@@ -101,12 +117,9 @@ async def record_report(conn: Any, parsed: Reports, key: BounceKey) -> list[Hand
                 emails[message_id] = None if email is None else (email, _recipients(email))
             if (found := emails[message_id]) is not None:
                 break
-        folded = _folded(report.recipient)
-        recipient = None if found is None or folded is None else found[1].get(folded)
-        if found is not None and recipient is not None and not _vouched(
-            key, parsed.bounce_addresses, found[0].id, recipient
-        ):
-            recipient = None
+        recipient = None if found is None else _vouched_recipient(
+            key, parsed.bounce_addresses, found, report
+        )
         outcomes.append(None if found is None or recipient is None else Outcome(
             found[0].id, recipient, report.outcome, PROVIDER,
             code=report.code, message=report.message,

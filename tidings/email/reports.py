@@ -59,6 +59,10 @@ class Report:
     code: str | None
     # The Diagnostic-Code (``smtp; 550 5.1.1 no such user``) or the report's own words.
     message: str | None
+    # The recipient as the original's sender gave it, when a DSN names it
+    # apart (RFC 3464 §2.3.1: ``Original-Recipient``; ``recipient`` is then
+    # where the mail went, a forwarding address perhaps).
+    original_recipient: str | None = None
 
 
 def _field(value: object) -> str | None:
@@ -101,6 +105,10 @@ MAX_DIAGNOSTIC = 1000
 # A report about more recipients than this is no report of Tidings' mail,
 # which goes out in one SMTP transaction per recipient (docs/email.md).
 MAX_RECIPIENTS = 1000
+# A report comes back to one bounce address, which its envelope headers may
+# repeat: more than this is no report of Tidings' mail either (and each one
+# is a check of every recipient named).
+MAX_BOUNCE_ADDRESSES = 8
 # A DSN Status (RFC 3464 §2.3.4, RFC 3463): class, subject, detail.
 _STATUS = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
 # An ARF Feedback-Type (RFC 5965 §3.1): a token.
@@ -195,7 +203,10 @@ def _bounce_addresses(report: Message, original: Message | None) -> tuple[Bounce
     message as delivered)."""
     found = (parse_bounce_address(a) for a in
              _addresses(report, ENVELOPE_HEADERS) + _addresses(original, ("Return-Path",)))
-    return tuple(dict.fromkeys(a for a in found if a is not None))
+    addresses = tuple(dict.fromkeys(a for a in found if a is not None))
+    if len(addresses) > MAX_BOUNCE_ADDRESSES:
+        raise NotAReport(f"a report sent to more than {MAX_BOUNCE_ADDRESSES} bounce addresses")
+    return addresses
 
 
 def _by_return_path(report: Message) -> str | None:
@@ -223,9 +234,8 @@ def _dsn(report: Message) -> list[Report]:
         raise NotAReport(f"a report about more than {MAX_RECIPIENTS} recipients")
     found: list[Report] = []
     for block in blocks[1:]:
-        recipient = _address(block.get("Final-Recipient")) or _address(
-            block.get("Original-Recipient")
-        )
+        given = _address(block.get("Original-Recipient"))
+        recipient = _address(block.get("Final-Recipient")) or given
         action = (_field(block.get("Action")) or "").strip().lower()
         outcome = ACTIONS.get(action)
         if recipient is None or outcome is None:
@@ -241,6 +251,7 @@ def _dsn(report: Message) -> list[Report]:
             original_message_id=original,
             code=status,
             message=_shortened(_text(block.get("Diagnostic-Code"))),
+            original_recipient=given if given != recipient else None,
         ))
     return found
 
@@ -290,9 +301,15 @@ def parse_reports(raw: bytes) -> Reports:
     """Every recipient a DSN or an ARF report speaks of, with the bounce
     addresses it came back to; NotAReport when it is neither."""
     try:
-        message = email.message_from_bytes(raw, policy=email.policy.compat32)
+        return _parsed(raw)
     except RecursionError:
-        raise NotAReport("MIME parts nested too deeply to be a report") from None
+        # MIME parts, or the comments of an address, nested deeper than the
+        # standard library's parsers go.
+        raise NotAReport("nested too deeply to be a report") from None
+
+
+def _parsed(raw: bytes) -> Reports:
+    message = email.message_from_bytes(raw, policy=email.policy.compat32)
     if message.get_content_type() != "multipart/report":
         raise NotAReport(f"not a multipart/report message but {message.get_content_type()}")
     kind = (message.get_param("report-type") or "")

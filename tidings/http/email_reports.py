@@ -17,6 +17,7 @@ from quart import request
 from tidings.email.inbound import record_report
 from tidings.email.reports import NotAReport, parse_reports
 from tidings.http.envelope import ApiError, unprocessable
+from tidings.http.parsing import read_body
 from tidings.http.routing import Routes
 
 if TYPE_CHECKING:
@@ -43,8 +44,7 @@ def _authorized(secret: str | None) -> bool:
 async def receive_report(service: Service) -> dict[str, Any]:
     if not _authorized(service.config.reports_secret):
         raise ApiError(403, "FORBIDDEN", "a valid TIDINGS_REPORTS_SECRET bearer is required")
-    body = await request.get_data()
-    raw = body if isinstance(body, bytes) else body.encode()
+    raw = await read_body(service.config.max_body_bytes)
     key = await service.emails.bounce_key()
     try:
         # Parsing a large report takes seconds of CPU: not on the event loop,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -43,7 +44,7 @@ from tidings.http.idempotency_key import (
 )
 from tidings.http.keyed_units import Rendered, refused_input, render, run_keyed
 from tidings.http.parsing import arguments, parse_path, query_values, read_body
-from tidings.http.ratelimit import RateLimiter
+from tidings.http.ratelimit import NO_TOKEN, RateLimiter
 from tidings.http.routing import MUTATING, NO_CONNECTION, Call, Finish, Route
 from tidings.storage import idempotency as records
 from tidings.storage import tokens as token_store
@@ -349,7 +350,9 @@ def make_view(
 
     async def view(**path_values: str) -> Response:
         if route.public:
-            result = await route.handler(service, **parse_path(route, path_values))
+            with (rate_limiter.uploads.receiving(NO_TOKEN) if route.raw_body is not None
+                  else nullcontext()):
+                result = await route.handler(service, **parse_path(route, path_values))
             return result if isinstance(result, Response) else json_response(
                 *render(route, result)
             )

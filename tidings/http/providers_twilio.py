@@ -17,6 +17,7 @@ keyed with ``TWILIO_AUTH_TOKEN``), else 403.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qsl
 from uuid import UUID
 from xml.sax.saxutils import escape
@@ -39,19 +40,30 @@ routes = Routes("Providers")
 
 TWIML = "text/xml; charset=utf-8"
 FORM = {"application/x-www-form-urlencoded": {"schema": {"type": "object"}}}
+# Twilio's forms are a few KiB (a message body is at most 1,600 characters);
+# a larger one is no callback of Twilio's, refused before it is read whole.
+MAX_FORM_BYTES = 64 * 1024
+# What X-Twilio-Signature holds: an HMAC-SHA1 in base64, 28 characters.
+_SIGNATURE = re.compile(r"\s*[A-Za-z0-9+/]{27}=\s*")
+_FORBIDDEN = "X-Twilio-Signature is missing or does not match"
 
 
 async def signed_form(service: Service) -> dict[str, str]:
-    """The request's form parameters, once its Twilio signature is checked (403)."""
-    raw = await read_body(service.config.max_body_bytes)
-    params = parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True)
+    """The request's form parameters, once its Twilio signature is checked
+    (403). What costs nothing is checked first: a request without a token
+    configured, or without a signature of the right shape, is refused before
+    its body is read."""
     token = service.config.twilio_auth_token
+    given = request.headers.get("X-Twilio-Signature", "")
+    if token is None or not _SIGNATURE.fullmatch(given):
+        raise ApiError(403, "FORBIDDEN", _FORBIDDEN)
+    raw = await read_body(MAX_FORM_BYTES)
+    params = parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True)
     url = service.config.public_url + request.path
     if request.query_string:
         url += "?" + request.query_string.decode("latin-1")
-    given = request.headers.get("X-Twilio-Signature", "")
-    if token is None or not given or not valid_signature(token, url, params, given):
-        raise ApiError(403, "FORBIDDEN", "X-Twilio-Signature is missing or does not match")
+    if not valid_signature(token, url, params, given):
+        raise ApiError(403, "FORBIDDEN", _FORBIDDEN)
     for name, value in params:
         if has_nul(name) or has_nul(value):
             raise bad_request(f"invalid form: {name.replace(chr(0), '')}: {NUL_REASON}")
@@ -74,7 +86,7 @@ def twiml(message: str | None = None) -> Response:
 
 @routes.route(
     "POST", "/providers/twilio/status", summary="Twilio status callback (X-Twilio-Signature)",
-    public=True, raw_body=FORM,
+    public=True, raw_body=FORM, body_limit=lambda _config: MAX_FORM_BYTES,
 )
 async def twilio_status(service: Service) -> Response:
     form = await signed_form(service)
@@ -96,7 +108,8 @@ async def twilio_status(service: Service) -> Response:
 
 @routes.route(
     "POST", "/providers/twilio/inbound", summary="Twilio inbound message (X-Twilio-Signature)",
-    public=True, raw_body=FORM, response=RawContent("text/xml", {"type": "string"}),
+    public=True, raw_body=FORM, body_limit=lambda _config: MAX_FORM_BYTES,
+    response=RawContent("text/xml", {"type": "string"}),
 )
 async def twilio_inbound(service: Service) -> Response:
     form = await signed_form(service)

@@ -26,6 +26,10 @@ FORGET_AFTER_SECONDS = 300.0
 
 # What a team told to wait for one of its uploads in flight is told to wait.
 UPLOAD_RETRY_SECONDS = 1
+# Requests that carry no token and read a body (the providers' callbacks,
+# the MTA's reports) count as one team: slow bodies sent to them take at
+# most that team's share of the places, as any one team's do.
+NO_TOKEN = UUID(int=0)
 
 
 class UploadLimit:
@@ -47,7 +51,9 @@ class UploadLimit:
             raise ApiError(
                 429,
                 "TOO_MANY_REQUESTS",
-                f"{self.per_team} requests of this team are sending their bodies already; "
+                f"{self.per_team} requests "
+                f"{'without a token' if team_id == NO_TOKEN else 'of this team'} "
+                "are sending their bodies already; "
                 f"retry after {UPLOAD_RETRY_SECONDS} s",
                 headers={"Retry-After": str(UPLOAD_RETRY_SECONDS)},
             )
