@@ -76,6 +76,10 @@ async def test_every_message_event_of_a_broadcast_email_names_the_broadcast(
     for event in events:
         if event["type"].startswith("message."):
             assert event["data"]["broadcast_id"] == bid, event
+            # The same keys as every email's events, queued by the fanout or not.
+            assert set(event["data"]) == {"email_id", "from", "to", "subject", "broadcast_id",
+                                           "provider", "code", "message"}, event
+            assert event["data"]["provider"] == "sandbox", event
 
 
 async def test_missing_values_fail_only_their_email_and_escape_html(

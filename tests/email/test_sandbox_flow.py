@@ -124,6 +124,13 @@ async def test_every_step_reaches_a_webhook_receiver(
         assert body["to"] == "bounced@example.com"
         assert body["data"]["email_id"] == email_id
         assert body["data"]["subject"] == "Hi"
+        # Every key, null where it does not apply (an email of no broadcast,
+        # the provider's words of an outcome only).
+        assert set(body["data"]) == {"email_id", "from", "to", "subject", "broadcast_id",
+                                      "provider", "code", "message"}
+        assert body["data"]["broadcast_id"] is None and body["data"]["provider"] == "sandbox"
+    assert bodies[0]["data"]["code"] is None and bodies[0]["data"]["message"] is None
+    assert bodies[-1]["data"]["code"] is not None
     ids = {e["id"] for e in await events(client, email_id)}
     assert {b["id"] for b in bodies} == ids
 

@@ -88,6 +88,11 @@ async def test_every_move_reaches_a_webhook_receiver(
         assert body["message_id"] == sms["id"]
         assert body["to"] == NUMBER
         assert body["data"]["from"] == "Acme"
+        # Every key of the documented data, null where it does not apply yet.
+        assert set(body["data"]) == {"sms_id", "from", "to", "segments", "status",
+                                      "provider_message_id", "code", "message"}
+    assert bodies[0]["data"]["provider_message_id"] is None
+    assert bodies[0]["data"]["code"] is None and bodies[0]["data"]["message"] is None
     assert bodies[-1]["data"]["provider_message_id"].startswith("sandbox-")
 
 

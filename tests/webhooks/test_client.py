@@ -215,6 +215,28 @@ async def test_interim_answers_are_skipped_and_redirects_returned_as_they_are() 
     assert len(server.requests) == 1
 
 
+async def test_lines_ended_by_a_bare_lf_are_read_as_lines() -> None:
+    """RFC 9112 §2.2 lets a recipient take a bare LF for a line's end; some
+    servers end theirs so, and their 200 is a success, not a timeout."""
+    async def answer(_request: bytes, n: int) -> bytes:
+        if n == 1:
+            return b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok"
+        return (b"HTTP/1.1 100 Continue\n\nHTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\n"
+                b"\n2\nok\n1;x=y\r\n!\n0\nTrailer: t\n\r\n")
+
+    server = RawServer(answer)
+    server.close_after_answer.add(1)
+    p = pool()
+    async with trio.open_nursery() as nursery:
+        port = await serve(nursery, server)
+        assert await post(p, f"http://127.0.0.1:{port}/") == (200, b"ok")
+        await trio.sleep(0.1)
+        assert await post(p, f"http://127.0.0.1:{port}/") == (201, b"ok!")
+        assert await post(p, f"http://127.0.0.1:{port}/") == (201, b"ok!")
+        nursery.cancel_scope.cancel()
+    assert server.connections == 2  # the chunked answers read to their end: kept
+
+
 @pytest.mark.parametrize("head", [
     b"SMTP ready", b"HTTP/1.1 0200 OK", b"HTTP/1.1 2000 OK", b"HTTP/1.1 20 OK",
     b"HTTP/1.1 +200 OK", b"HTTP/1.1 600 OK", b"HTTP/1.10 200 OK", b"HTTPS/1.1 200 OK",

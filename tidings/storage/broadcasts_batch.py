@@ -126,7 +126,8 @@ WITH b AS ({_HELD}), inserted AS (
     INSERT INTO events (id, team_id, type, channel, message_id, recipient, data)
     SELECT q.event_id, q.team_id, 'message.queued', 'email', q.id, q.to_addresses[1],
            jsonb_build_object('email_id', q.id, 'from', $10::text, 'to', to_jsonb(q.to_addresses),
-                              'subject', q.subject, 'broadcast_id', $1::uuid)
+                              'subject', q.subject, 'broadcast_id', $1::uuid,
+                              'provider', $14::text, 'code', NULL, 'message', NULL)
     FROM queued q
     RETURNING id, team_id, type
 ), {FANOUT}, finished AS (

@@ -201,9 +201,11 @@ class Change:
 def event_data(
     email_id: UUID, from_address: str, to: Sequence[str], subject: str, **more: Any
 ) -> dict[str, Any]:
-    """The ``data`` of a webhook event about an email (as Resend sends it)."""
-    data = {"email_id": str(email_id), "from": from_address, "to": list(to), "subject": subject}
-    data.update({key: value for key, value in more.items() if value is not None})
+    """The ``data`` of a webhook event about an email (as Resend sends it);
+    ``_webhook_data`` completes it with the change's provider and status."""
+    data = {"email_id": str(email_id), "from": from_address, "to": list(to), "subject": subject,
+            "broadcast_id": None}
+    data.update(more)
     return data
 
 
@@ -245,10 +247,13 @@ def _change_args(changes: Sequence[Change]) -> list[Any]:
 
 
 def _webhook_data(change: Change) -> dict[str, Any]:
-    """The webhook event's ``data``: the email's, and the provider's status of
-    an outcome (``code``, ``message``) however the change came about."""
-    more = {"code": change.code, "message": change.message}
-    return change.data | {key: value for key, value in more.items() if value is not None}
+    """The webhook event's ``data``: the email's, the change's provider, and
+    the provider's status of an outcome (``code``, ``message``) however the
+    change came about. Every key is there, null where it does not apply."""
+    data = change.data | {"provider": change.provider}
+    for key, value in (("code", change.code), ("message", change.message)):
+        data[key] = value if value is not None else data.get(key)
+    return data
 
 
 async def record_changes(conn: Connection, changes: Sequence[Change]) -> None:

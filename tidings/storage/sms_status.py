@@ -160,10 +160,11 @@ class ProviderReport:
 def event_data(
     sms_id: UUID, sender: str, to: str, segments: int, status: str, **more: Any
 ) -> dict[str, Any]:
-    """The ``data`` of a webhook event about a text message."""
+    """The ``data`` of a webhook event about a text message: every key is
+    there, null where it does not apply (yet)."""
     data = {"sms_id": str(sms_id), "from": sender, "to": to, "segments": segments,
-            "status": status}
-    data.update({key: value for key, value in more.items() if value is not None})
+            "status": status, "provider_message_id": None, "code": None, "message": None}
+    data.update(more)
     return data
 
 

@@ -147,6 +147,25 @@ class _Connection:
             start = max(0, len(self.buffer) - len(mark) + 1)
             await self._fill()
 
+    async def read_line(self, limit: int) -> bytes:
+        """One line without its end: CRLF, or a bare LF, which RFC 9112 §2.2
+        lets a recipient take for one (some servers end their lines so)."""
+        line = await self.read_until(b"\n", limit)
+        return line[:-2] if line.endswith(b"\r\n") else line[:-1]
+
+    async def read_head(self, limit: int) -> list[bytes]:
+        """The lines of a response head, up to the empty line that ends it."""
+        lines: list[bytes] = []
+        left = limit
+        while True:
+            line = await self.read_line(left)
+            if not line:
+                return lines
+            lines.append(line)
+            left -= len(line) + 1
+            if left <= 0:
+                raise ConnectionFailed("the response head is too long")
+
     async def read_some(self, most: int) -> bytes:
         if not self.buffer:
             await self._fill()
@@ -186,19 +205,19 @@ class _Body:
 
     async def chunked(self) -> bool:
         while True:
-            line = await self.conn.read_until(b"\r\n", 1024)
+            line = await self.conn.read_line(1024)
             try:
                 size = int(line.split(b";", 1)[0].strip(), 16)
             except ValueError:
                 raise ConnectionFailed("a bad chunk size in the response") from None
             if size == 0:
                 # Trailers, up to the empty line.
-                while await self.conn.read_until(b"\r\n", HEAD_LIMIT) != b"\r\n":
-                    pass
+                await self.conn.read_head(HEAD_LIMIT)
                 return True
             if not await self.take(size):
                 return False
-            await self.conn.read_until(b"\r\n", 2)
+            if await self.conn.read_line(2):
+                raise ConnectionFailed("a chunk longer than its size in the response")
 
 
 # RFC 9112 §4: ``HTTP/1.x``, and a status of exactly three digits ("0200" is none).
@@ -206,16 +225,13 @@ _VERSION = re.compile(rb"HTTP/1\.[0-9]")
 _STATUS = re.compile(rb"[1-5][0-9][0-9]")
 
 
-def _parse_head(head: bytes) -> tuple[int, bool, dict[bytes, bytes]]:
+def _parse_head(lines: list[bytes]) -> tuple[int, bool, dict[bytes, bytes]]:
     """Status, whether HTTP/1.1, and the headers (lowercase names) of a response head."""
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
+    parts = lines[0].split(b" ", 2) if lines else []
     if len(parts) < 2 or not _VERSION.fullmatch(parts[0]) or not _STATUS.fullmatch(parts[1]):
         raise ConnectionFailed("the answer is not HTTP/1.1")
     headers: dict[bytes, bytes] = {}
     for line in lines[1:]:
-        if not line:
-            continue
         name, sep, value = line.partition(b":")
         if not sep:
             raise ConnectionFailed("a malformed header in the response")
@@ -229,7 +245,7 @@ async def _exchange(conn: _Connection, request: bytes, keep: int) -> tuple[Respo
     """Send ``request`` and read the answer; the response and whether to keep the connection."""
     await conn.stream.send_all(request)
     while True:
-        status, http11, headers = _parse_head(await conn.read_until(b"\r\n\r\n", HEAD_LIMIT))
+        status, http11, headers = _parse_head(await conn.read_head(HEAD_LIMIT))
         if status == 101:
             raise ConnectionFailed("the server switched protocols")
         if not 100 <= status < 200:
