@@ -78,6 +78,25 @@ def test_405_is_declared_where_a_path_can_be_another_resource() -> None:
     assert "405" not in paths["/templates/{template}"]["get"]["responses"]
 
 
+def test_404_is_declared_where_a_body_names_resources_at_any_depth() -> None:
+    """The items of POST /emails/batch name templates (``template: {id}``)."""
+    paths = document()["paths"]
+    for path in ("/emails", "/emails/batch"):
+        assert "404" in paths[path]["post"]["responses"], path
+    assert "404" not in paths["/contacts"]["post"]["responses"]
+
+
+def test_the_reports_route_declares_its_own_credential_body_and_answer() -> None:
+    operation = document()["paths"]["/providers/smtp/reports"]["post"]
+    assert operation["security"] == [{"reportsSecret": []}]
+    scheme = document()["components"]["securitySchemes"]["reportsSecret"]
+    assert scheme["scheme"] == "bearer" and "TIDINGS_REPORTS_SECRET" in scheme["description"]
+    assert "message/rfc822" in operation["requestBody"]["content"]
+    data = _data_schema("post", "/providers/smtp/reports", "200")
+    assert set(data["properties"]) == {"recorded", "reports"}
+    assert {"403", "408", "413", "422"} <= set(operation["responses"])
+
+
 def test_metrics_is_text_and_openapi_is_plain_json() -> None:
     metrics = document()["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"]
@@ -101,9 +120,11 @@ def test_every_operation_declares_its_errors_with_the_envelope() -> None:
                 assert status in responses, (method, path, status)
             if "requestBody" in operation:  # a body that stalls is 408
                 assert "408" in responses, (method, path)
-            if operation.get("security") != []:
+            if "security" not in operation:  # a team's token
                 for status in ("400", "401", "403", "429"):
                     assert status in responses, (method, path, status)
+            elif operation["security"]:  # a credential of its own, refused with 403
+                assert "403" in responses, (method, path)
             if "{" in path:
                 assert "404" in responses, (method, path)
             for status, response in responses.items():

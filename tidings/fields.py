@@ -102,36 +102,75 @@ def _finite(text: str) -> float:
 
 
 class RepeatedKey(ValueError):
-    """A JSON object that names one key twice."""
+    """A JSON object that names one key twice; ``key`` is its path in the
+    document (``metadata.a``, ``0.to``)."""
 
     def __init__(self, key: str) -> None:
         super().__init__(f"{key}: is given more than once in one object")
         self.key = key
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # RFC 8259 §4 leaves an object with a repeated name to each parser: some
-    # keep the first value, some the last. A request read one way by a proxy
-    # and another way here is refused rather than guessed at.
-    result = dict(pairs)
-    if len(result) != len(pairs):
+class _Repeated(dict[str, Any]):
+    """An object read with a key named twice: which one."""
+
+    key = ""
+
+
+class _Objects:
+    """An ``object_pairs_hook`` that marks the objects naming a key twice.
+
+    RFC 8259 §4 leaves an object with a repeated name to each parser: some
+    keep the first value, some the last. A request read one way by a proxy
+    and another way here is refused rather than guessed at, naming where."""
+
+    def __init__(self) -> None:
+        self.repeated: _Repeated | None = None
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result = dict(pairs)
+        if len(result) == len(pairs) or self.repeated is not None:
+            return result
+        marked = _Repeated(result)
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise RepeatedKey(key)
+                marked.key = key
+                break
             seen.add(key)
-    return result
+        self.repeated = marked
+        return marked
+
+    def check(self, document: Any) -> None:
+        if self.repeated is not None:
+            raise RepeatedKey(".".join(_path_to(document, self.repeated) or [self.repeated.key]))
+
+
+def _path_to(node: Any, target: _Repeated) -> list[str] | None:
+    """The path of keys and indexes from ``node`` to ``target``'s repeated key."""
+    if node is target:
+        return [target.key]
+    children = node.items() if isinstance(node, dict) else (
+        enumerate(node) if isinstance(node, list) else ()
+    )
+    for name, child in children:
+        if isinstance(child, dict | list) and (found := _path_to(child, target)) is not None:
+            return [str(name), *found]
+    return None
 
 
 def check_unique_keys(data: str | bytes) -> None:
     """RepeatedKey for the first key that an object of ``data`` (valid JSON)
     names twice."""
-    json.loads(data, object_pairs_hook=_unique)
+    objects = _Objects()
+    objects.check(json.loads(data, object_pairs_hook=objects))
 
 
 def strict_json(data: str | bytes) -> Any:
     """``json.loads`` as RFC 8259 has JSON: ValueError for NaN, Infinity and
     numbers beyond a double (which Python's json would take), and RepeatedKey
     for an object that names one key twice."""
-    return json.loads(data, parse_constant=_no_constant, parse_float=_finite,
-                      parse_int=_whole, object_pairs_hook=_unique)
+    objects = _Objects()
+    document = json.loads(data, parse_constant=_no_constant, parse_float=_finite,
+                          parse_int=_whole, object_pairs_hook=objects)
+    objects.check(document)
+    return document

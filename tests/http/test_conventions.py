@@ -261,13 +261,30 @@ async def test_a_key_given_twice_in_one_object_is_400_naming_it(
     # Parsers differ on which value a repeated key keeps: none is chosen here.
     bodies = [
         (b'{"email": "a@example.com", "email": "b@example.com"}', "email"),
-        (b'{"email": "a@example.com", "properties": {"plan": "x", "plan": "y"}}', "plan"),
+        # Named by its path, as any other field of a nested object is.
+        (b'{"email": "a@example.com", "properties": {"plan": "x", "plan": "y"}}',
+         "properties.plan"),
     ]
     for body, key in bodies:
         response = await client.post("/contacts", content=body, headers=JSON_HEADERS)
         message = assert_error(response, 400, "BAD_REQUEST")
-        assert f"{key}: is given more than once" in message, message
+        assert f"body: {key}: is given more than once" in message, message
     assert (await client.get("/contacts")).json()["data"]["data"] == []
+    batch = (b'[{"from": "a@x.example", "subject": "Hi", "text": "hi", "to": "b@example.com",'
+             b' "to": "c@example.com"}]')
+    response = await client.post("/emails/batch", content=batch, headers=JSON_HEADERS)
+    assert "0.to: is given more than once" in assert_error(response, 400, "BAD_REQUEST")
+
+
+async def test_a_query_parameter_given_twice_is_400_saying_so(client: httpx.AsyncClient) -> None:
+    """No parameter takes several values; one repeated is refused as such,
+    not as a value of the wrong type."""
+    for path, query in (("/contacts", "limit=1&limit=1"), ("/contacts", "search=a&search=b"),
+                        ("/sms", "status=sent&status=queued"), ("/events", "offset=0&offset=1")):
+        response = await client.get(f"{path}?{query}")
+        message = assert_error(response, 400, "BAD_REQUEST")
+        name = query.split("=")[0]
+        assert message == f"invalid query: {name}: is given more than once", message
 
 
 async def test_missing_body_is_400(client: httpx.AsyncClient) -> None:

@@ -12,11 +12,13 @@ import hmac
 from typing import TYPE_CHECKING, Any
 
 import trio
+from pydantic import BaseModel
 from quart import request
 
 from tidings.email.inbound import record_report
 from tidings.email.reports import NotAReport, parse_reports
 from tidings.http.envelope import ApiError, unprocessable
+from tidings.http.openapi import REPORTS_SECRET
 from tidings.http.parsing import read_body
 from tidings.http.routing import Routes
 
@@ -36,10 +38,30 @@ def _authorized(secret: str | None) -> bool:
     )
 
 
+class HandledReport(BaseModel):
+    recipient: str
+    outcome: str
+    original_message_id: str | None
+    code: str | None
+    message: str | None
+    recorded: bool
+
+
+class ReportAnswer(BaseModel):
+    """What a report said, recipient by recipient, and how many outcomes it recorded."""
+
+    recorded: int
+    reports: list[HandledReport]
+
+
+# The whole message as the MTA received it.
+RAW_MESSAGE = {media: {"schema": {"type": "string"}} for media in ("message/rfc822", "*/*")}
+
+
 @routes.route(
     "POST", "/providers/smtp/reports",
     summary="A delivery status notification (RFC 3464) or an abuse report (RFC 5965), raw",
-    public=True,
+    public=True, credential=REPORTS_SECRET, raw_body=RAW_MESSAGE, response=ReportAnswer,
 )
 async def receive_report(service: Service) -> dict[str, Any]:
     if not _authorized(service.config.reports_secret):

@@ -84,22 +84,35 @@ def _is_model(value: Any) -> bool:
     return isinstance(value, type) and issubclass(value, BaseModel)
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models an annotation holds, at any depth (``list[SendEmail]``)."""
+    if _is_model(annotation):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in _models_in(arg)]
+
+
+def _model_names_ids(model: type[BaseModel], seen: set[type[BaseModel]]) -> bool:
+    if model in seen:
+        return False
+    seen.add(model)
+    for name, field in model.model_fields.items():
+        if name.endswith(("_id", "_ids")):
+            return True
+        nested = _models_in(field.annotation)
+        if any("id" in kind.model_fields for kind in nested):
+            return True
+        if any(_model_names_ids(kind, seen) for kind in nested):
+            return True
+    return False
+
+
 def _names_ids(route: Route) -> bool:
     """Whether the query or body names other resources (a missing one is 404):
-    a field ``*_id``/``*_ids``, or an object with an ``id`` (``template: {id}``)."""
-    for model in (route.query, route.body):
-        if model is None:
-            continue
-        for name, field in model.model_fields.items():
-            if name.endswith(("_id", "_ids")):
-                return True
-            nested = [
-                kind for kind in (field.annotation, *get_args(field.annotation))
-                if _is_model(kind)
-            ]
-            if any("id" in kind.model_fields for kind in nested):
-                return True
-    return False
+    a field ``*_id``/``*_ids``, or an object with an ``id`` (``template: {id}``),
+    at any depth (the items of ``POST /emails/batch``)."""
+    seen: set[type[BaseModel]] = set()
+    return any(model is not None and _model_names_ids(model, seen)
+               for model in (route.query, route.body))
 
 
 def error_statuses(route: Route, routes: Sequence[Route] = ()) -> list[int]:
@@ -208,7 +221,7 @@ def _operation(
             " and a step-up token." if route.step_up else "."
         )
     if route.public:
-        operation["security"] = []
+        operation["security"] = [] if route.credential is None else [{route.credential: []}]
     if route.body is not None:
         operation["requestBody"] = {
             "required": route.body_required,
@@ -249,12 +262,21 @@ def build(routes: list[Route]) -> dict[str, Any]:
         "servers": [{"url": "/"}],
         "components": {
             "schemas": schemas,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                REPORTS_SECRET: {
+                    "type": "http", "scheme": "bearer",
+                    "description": "TIDINGS_REPORTS_SECRET, for the MTA that posts reports",
+                },
+            },
         },
         "security": [{"bearer": []}],
         "paths": paths,
     }
 
+
+# The credential of the route that takes delivery reports (docs/email.md).
+REPORTS_SECRET = "reportsSecret"
 
 # Where the app keeps its routes (set by ``create_app``) and the document made of them.
 ROUTES_CONFIG = "TIDINGS_ROUTES"

@@ -51,6 +51,11 @@ def parse_path(route: Route, values: dict[str, str]) -> dict[str, Any]:
 
 
 def parse_query(model: type[BaseModel], values: dict[str, Any]) -> BaseModel:
+    # No query parameter takes several values: one given twice is refused as
+    # such, not as a value of the wrong type (``query_values`` lists them).
+    for name, value in values.items():
+        if isinstance(value, list):
+            raise bad_request(f"invalid query: {name}: is given more than once")
     try:
         return model.model_validate(values)
     except ValidationError as error:

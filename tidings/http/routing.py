@@ -139,6 +139,9 @@ class Route:
     raw_body: dict[str, Any] | None = None
     # The route's own body size limit; None: TIDINGS_MAX_BODY_BYTES.
     body_limit: Callable[[Config], int] | None = None
+    # A public route that checks a credential of its own instead of a team's
+    # token: the OpenAPI security scheme that describes it.
+    credential: str | None = None
     # The response shows a secret: stored only sealed for idempotent replays.
     secret_response: bool = False
     # The handler awaits only its connection: it runs whole on the asyncio side.
@@ -208,6 +211,7 @@ class Routes:
         body_required: bool = True,
         raw_body: dict[str, Any] | None = None,
         body_limit: Callable[[Config], int] | None = None,
+        credential: str | None = None,
         secret_response: bool = False,
         storage_unit: bool | None = None,
         pooled: bool = True,
@@ -240,6 +244,7 @@ class Routes:
                     body_required=body_required,
                     raw_body=raw_body,
                     body_limit=body_limit,
+                    credential=credential,
                     secret_response=secret_response,
                     storage_unit=unit,
                     pooled=pooled,

@@ -50,7 +50,9 @@ class SendSms(RequestBody):
         None, description="RFC 3339; in the future, at most 30 days ahead"
     )
     metadata: dict[str, Any] | None = Field(
-        None, max_length=MAX_METADATA_KEYS, description="Free-form; returned as given"
+        None, max_length=MAX_METADATA_KEYS,
+        description="Free-form; returned as an equal object, as PostgreSQL's jsonb keeps it: "
+        "keys in jsonb's order, numbers in plain notation (1E2 as 100, -0.0 as 0)",
     )
 
     @field_validator("body")
