@@ -20,7 +20,7 @@ from tidings.storage import tokens as token_store
 from tidings.storage.db import Database, open_database
 from tidings.storage.email_outcomes import Outcome, record_outcomes, sent_email
 from tidings.storage.emails_sending import LEASES as EMAIL_LEASES
-from tidings.storage.leases import owners_of
+from tidings.storage.leases import claim_rows, owners_of
 from tidings.storage.sms_sending import LEASES as SMS_LEASES
 
 READ = """
@@ -28,6 +28,8 @@ SELECT coalesce(seq_scan, 0) AS seq_scan,
        coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) AS rows
 FROM pg_stat_xact_user_tables WHERE relname = $1
 """
+
+INDEX_READ = "SELECT pg_stat_get_xact_tuples_returned($1::regclass) AS entries"
 
 # $1 team, $2 how many, $3 due in (seconds; NULL: nothing left to send), $4 leased for.
 EMAILS = """
@@ -148,3 +150,29 @@ async def test_a_report_finds_its_email_by_the_id_in_its_message_id(db: Database
         assert await sent_email(conn, f"<{uuid4()}@acme.example>") is None
         assert await sent_email(conn, "<1@acme.example>") is None  # not one Tidings gave
         assert await sent_email(conn, f"<{mine}@acme.example><x@y>") is None
+
+
+async def test_a_claim_reads_the_emails_it_takes_not_the_whole_queue(db: Database) -> None:
+    """A broadcast queues its team tens of thousands of emails at once, long
+    before the statistics know of them: a claim still walks the due index in
+    its order and stops at its limit, rather than reading every due email of
+    the team and sorting them."""
+    acme = await team(db, "acme")
+    async with db.transaction() as conn:
+        await conn.execute("ALTER TABLE emails SET (autovacuum_enabled = false)")
+        await conn.execute("ANALYZE emails")  # while there are none
+    await emails(db, acme, 20_000, -5)
+    async with db.transaction() as conn:
+        claimed = await claim_rows(conn, EMAIL_LEASES.claim, acme, uuid4(), 60, 50)
+        read = await conn.fetchrow(INDEX_READ, "emails_due")
+        # The caller's transaction gets bitmap scans back after its claim.
+        assert await conn.fetchval("SHOW enable_bitmapscan") == "on"
+    assert len(claimed) == 50
+    assert read["entries"] < 1000, read  # not the 20,000 due
+    async with db.acquire() as conn:  # a claim in a transaction of its own
+        assert len(await claim_rows(conn, EMAIL_LEASES.claim, acme, uuid4(), 60, 50)) == 50
+        assert await conn.fetchval("SHOW enable_bitmapscan") == "on"
+    async with db.transaction() as conn:  # the poll for teams walks the index too
+        assert owners_of(await conn.fetch(EMAIL_LEASES.due_owners, 1000)) == [acme]
+        read = await conn.fetchrow(INDEX_READ, "emails_due")
+    assert read["entries"] < 1000, read

@@ -35,7 +35,7 @@ from uuid import UUID
 from tidings.storage.broadcasts import COLUMNS, DUE_CHANNEL, Broadcast
 from tidings.storage.connection import Connection
 from tidings.storage.events import FANOUT
-from tidings.storage.leases import lease_sql
+from tidings.storage.leases import claim_rows, lease_sql
 
 LEASES = lease_sql(
     "broadcasts",
@@ -170,7 +170,7 @@ def _broadcast(row: Any) -> Broadcast:
 async def claim(
     conn: Connection, broadcast_id: UUID, owner: UUID, seconds: float
 ) -> Claimed | None:
-    rows = await conn.fetch(LEASES.claim, broadcast_id, owner, seconds, 1)
+    rows = await claim_rows(conn, LEASES.claim, broadcast_id, owner, seconds, 1)
     if not rows:
         return None
     return Claimed(_broadcast(rows[0]), rows[0]["snapshotted"])

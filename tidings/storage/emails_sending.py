@@ -29,7 +29,7 @@ from uuid import UUID
 from tidings.storage.connection import Connection
 from tidings.storage.email_outcomes import Outcome, record_outcomes, suppressions_of
 from tidings.storage.emails import DUE_CHANNEL, Change, event_data, record_changes
-from tidings.storage.leases import keys_of, lease_sql, owners_of
+from tidings.storage.leases import claim_rows, keys_of, lease_sql, owners_of
 from tidings.storage.suppressions import suppress_emails
 from tidings.storage.topics import not_opted_in
 
@@ -195,7 +195,7 @@ async def claim(
 ) -> tuple[list[Claimed], float | None]:
     """Lease up to ``limit`` due emails of the team; and, when fewer were due,
     the seconds until the team's next email falls due (None: none scheduled)."""
-    rows = await conn.fetch(LEASES.claim, team_id, owner, lease_seconds, limit)
+    rows = await claim_rows(conn, LEASES.claim, team_id, owner, lease_seconds, limit)
     claimed = [Claimed.from_row(row) for row in rows]
     next_in = None
     if len(claimed) < limit:

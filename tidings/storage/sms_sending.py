@@ -26,7 +26,7 @@ from tidings.providers.sms import SmsStatus
 from tidings.sms_keywords import keyword_action
 from tidings.storage import sms_consent
 from tidings.storage.connection import Connection, Row
-from tidings.storage.leases import lease_sql, owners_of
+from tidings.storage.leases import claim_rows, lease_sql, owners_of
 from tidings.storage.rows import Queries
 from tidings.storage.sms import DUE_CHANNEL, Report, record_reports
 from tidings.storage.sms_status import apply_early_reports
@@ -161,7 +161,7 @@ async def claim(
 ) -> tuple[list[Claimed], float | None]:
     """Lease up to ``limit`` due messages of the team; and, when fewer were
     due, the seconds until the team's next one falls due (None: none)."""
-    rows = await conn.fetch(LEASES.claim, team_id, owner, lease_seconds, limit)
+    rows = await claim_rows(conn, LEASES.claim, team_id, owner, lease_seconds, limit)
     claimed = [Claimed.from_row(row) for row in rows]
     next_in = None
     if len(claimed) < limit:

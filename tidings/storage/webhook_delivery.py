@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from tidings.storage.leases import lease_sql, owners_of
+from tidings.storage.leases import claim_rows, lease_sql, owners_of
 from tidings.storage.rows import Queries, Row, build
 
 # A delivery is due at its next attempt time; a first attempt waits the
@@ -243,8 +243,8 @@ async def claim_due(
     first_delay: float,
 ) -> Claim:
     """Lease up to ``limit`` due deliveries of an enabled endpoint, in one statement."""
-    rows = await conn.fetch(
-        LEASES.claim, first_delay, endpoint_id, owner, lease_seconds, limit
+    rows = await claim_rows(
+        conn, LEASES.claim, first_delay, endpoint_id, owner, lease_seconds, limit
     )
     if not rows:
         return Claim(None, [], None)
