@@ -20,6 +20,7 @@ from tidings.storage import tokens as token_store
 from tidings.storage.db import Database, open_database
 from tidings.storage.email_outcomes import Outcome, record_outcomes, sent_email
 from tidings.storage.emails_sending import LEASES as EMAIL_LEASES
+from tidings.storage.emails_sending import TAKE_FOLLOWUPS
 from tidings.storage.leases import claim_rows, owners_of
 from tidings.storage.sms_sending import LEASES as SMS_LEASES
 
@@ -165,8 +166,9 @@ async def test_a_claim_reads_the_emails_it_takes_not_the_whole_queue(db: Databas
     async with db.transaction() as conn:
         claimed = await claim_rows(conn, EMAIL_LEASES.claim, acme, uuid4(), 60, 50)
         read = await conn.fetchrow(INDEX_READ, "emails_due")
-        # The caller's transaction gets bitmap scans back after its claim.
+        # The caller's transaction gets its settings back after its claim.
         assert await conn.fetchval("SHOW enable_bitmapscan") == "on"
+        assert await conn.fetchval("SHOW enable_seqscan") == "on"
     assert len(claimed) == 50
     assert read["entries"] < 1000, read  # not the 20,000 due
     async with db.acquire() as conn:  # a claim in a transaction of its own
@@ -176,3 +178,24 @@ async def test_a_claim_reads_the_emails_it_takes_not_the_whole_queue(db: Databas
         assert owners_of(await conn.fetch(EMAIL_LEASES.due_owners, 1000)) == [acme]
         read = await conn.fetchrow(INDEX_READ, "emails_due")
     assert read["entries"] < 1000, read
+
+
+async def test_taking_due_outcomes_reads_those_it_takes(db: Database) -> None:
+    """The sandbox's outcomes wait in email_followups; each take reads the
+    first due ones through the index, not the table, however stale the
+    statistics (taken while the table was empty)."""
+    acme = await team(db, "acme")
+    crowd = await emails(db, acme, 5000, None)
+    async with db.transaction() as conn:
+        await conn.execute("ALTER TABLE email_followups SET (autovacuum_enabled = false)")
+        await conn.execute("ANALYZE email_followups")
+        await conn.execute(
+            "INSERT INTO email_followups (email_id, recipient, type, due_at, provider)"
+            " SELECT id, 'r@x.example', 'delivered', now() - interval '1 second', 'sandbox'"
+            " FROM unnest($1::uuid[]) id", [row["id"] for row in crowd],
+        )
+    async with db.transaction() as conn:
+        taken = await claim_rows(conn, TAKE_FOLLOWUPS, 50)
+        read = await conn.fetchrow(READ, "email_followups")
+    assert len(taken) == 50
+    assert read["seq_scan"] == 0 and read["rows"] < 500, read  # not the 5,000

@@ -265,7 +265,7 @@ async def record_due_followups(conn: Connection, limit: int) -> tuple[int, float
     """Record up to ``limit`` due followups in one transaction; how many, and
     the seconds until the next one falls due (None: none left)."""
     async with conn.transaction():
-        rows = await conn.fetch(TAKE_FOLLOWUPS, limit)
+        rows = await claim_rows(conn, TAKE_FOLLOWUPS, limit)
         outcomes = [
             Outcome(row["email_id"], row["recipient"], row["type"], row["provider"],
                     row["code"], row["message"])

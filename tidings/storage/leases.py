@@ -222,19 +222,22 @@ def keys_of(rows: Sequence[Row]) -> list[UUID]:
     return found
 
 
-# For the claim alone (see the module's docstring): the planner still has
-# every other path, the due index walked in order among them.
-_ORDERED_CLAIM = "SET LOCAL enable_bitmapscan = off"
+# For the claim alone (see the module's docstring): neither a bitmap nor a
+# sequential scan (which reads the whole table where the statistics say it
+# is empty) when an index gives the rows in their order.
+_ORDERED = "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
+_DEFAULTS = "SET LOCAL enable_bitmapscan = DEFAULT; SET LOCAL enable_seqscan = DEFAULT"
 
 
 async def claim_rows(conn: Connection, claim: str, *args: object) -> list[Row]:
-    """Run a ``claim`` of :func:`lease_sql` without bitmap scans: in a
-    transaction of its own, or in the caller's, which gets its setting back."""
+    """Run a statement that takes the first due rows of a queue (a ``claim``
+    of :func:`lease_sql`, or the like) walking its index in order: in a
+    transaction of its own, or in the caller's, which gets its settings back."""
     if not conn.is_in_transaction():
         async with conn.transaction():
-            await conn.execute(_ORDERED_CLAIM)
+            await conn.execute(_ORDERED)
             return list(await conn.fetch(claim, *args))
-    await conn.execute(_ORDERED_CLAIM)
+    await conn.execute(_ORDERED)
     rows = list(await conn.fetch(claim, *args))
-    await conn.execute("SET LOCAL enable_bitmapscan = DEFAULT")
+    await conn.execute(_DEFAULTS)
     return rows

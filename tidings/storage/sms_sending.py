@@ -224,7 +224,7 @@ async def record_due_followups(conn: Connection, limit: int) -> tuple[int, float
     reports, replies as consent keywords; how many, and the seconds until
     the next one falls due (None: none left)."""
     async with conn.transaction():
-        rows = await conn.fetch(TAKE_FOLLOWUPS, limit)
+        rows = await claim_rows(conn, TAKE_FOLLOWUPS, limit)
         reports = [
             Report(row["sms_id"], row["status"], row["provider"], row["code"], row["message"],
                    occurred_at=row["due_at"])
