@@ -188,6 +188,29 @@ async def test_an_sms_opt_out_opts_the_teams_contacts_with_the_number_out(
     assert "replied STOP" in assert_error(refused, 409, "CONFLICT")
 
 
+async def test_an_sms_opt_out_of_a_number_suppressed_already_records_the_stop_on_it(
+    client: httpx.AsyncClient,
+) -> None:
+    """A number suppressed by hand, then given in an opt-out list: the STOP
+    is recorded on the suppression that stands (200), as the number's own
+    reply would, so lifting the manual suppression later texts no one who
+    opted out. A second opt-out is 409."""
+    number = "+14155550150"
+    contact = await create(client, phone=number, sms_consent_status="opted_in")
+    manual = await suppress(client, number, reason="manual")
+    answer = await client.post("/suppressions", json={"address": number,
+                                                      "reason": "sms_opt_out"})
+    stamped = ok(answer, 200)
+    assert (stamped["id"], stamped["reason"]) == (manual["id"], "manual")
+    assert stamped["sms_opted_out_at"] is not None
+    found = ok(await client.get(f"/contacts/{contact['id']}"))
+    assert (found["sms_consent_status"], found["sms_consent_source"]) == ("opted_out", "keyword")
+    again = await client.post("/suppressions", json={"address": number, "reason": "sms_opt_out"})
+    assert "suppressed already" in assert_error(again, 409, "CONFLICT")
+    refused = await client.delete(f"/suppressions/{manual['id']}")
+    assert "STOP" in assert_error(refused, 409, "CONFLICT")
+
+
 async def test_an_sms_opt_out_meeting_a_phone_change_in_flight_opts_the_contact_out(
     client: httpx.AsyncClient, acme: Credential, database_url: str
 ) -> None:

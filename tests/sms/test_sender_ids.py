@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from uuid import UUID
+
 import httpx
 import pytest
 
 from tests.conftest import Credential, MakeToken, assert_error
 from tests.sms.helpers import ok
+from tidings.service import Service
+from tidings.storage import sender_ids as sender_id_store
 
 
 async def test_create_each_type_is_approved_at_once_in_the_sandbox(
@@ -137,3 +141,22 @@ async def test_a_number_belongs_to_one_team(
         assert (await client.delete(f"/sender-ids/{mine['id']}")).status_code == 204
         ok(await them.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}),
            201)
+
+
+async def test_a_number_under_review_is_its_teams_for_replies(
+    client: httpx.AsyncClient, service: Service
+) -> None:
+    """A STOP that reaches the team's long code while Twilio still reviews it
+    is the team's: the number belongs to that team alone already. A rejected
+    one is no one's, and an alphanumeric name never is."""
+    created = ok(await client.post("/sender-ids", json={"value": "+14155550188",
+                                                        "type": "long_code"}), 201)
+    async with service.db.acquire() as conn:
+        team_id = await conn.fetchval(
+            "SELECT team_id FROM sender_ids WHERE id = $1", UUID(created["id"]))
+        for status, owners in (("pending", [team_id]), ("approved", [team_id]),
+                               ("rejected", [])):
+            await conn.execute("UPDATE sender_ids SET status = $2 WHERE id = $1",
+                               UUID(created["id"]), status)
+            found = await service.db.run(sender_id_store.teams_of_sender, ["+14155550188"])
+            assert found == owners, status

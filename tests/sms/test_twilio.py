@@ -358,8 +358,41 @@ async def test_throttled_past_the_schedule_fails(
 
 async def test_a_refused_message_is_rejected_with_twilios_code(client: httpx.AsyncClient) -> None:
     ok(await client.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}), 201)
+    contact = ok(await client.post("/contacts", json={
+        "phone": "+14155559999", "sms_consent_status": "opted_in"}), 201)
     sms = await send(client, **{"from": "+14155550100"}, to="+14155559999")
     rejected = await settled(client, sms["id"], "rejected")
     assert rejected["failure"] == {
         "code": "21610", "message": "Attempt to send to unsubscribed recipient",
     }
+    # Twilio refuses a number that opted out with it: that is its STOP here too.
+    [stop] = ok(await client.get("/suppressions", params={"search": "14155559999"}))["data"]
+    assert (stop["reason"], stop["source_message_id"]) == ("sms_opt_out", sms["id"])
+    assert stop["sms_opted_out_at"] is not None
+    found = ok(await client.get(f"/contacts/{contact['id']}"))
+    assert (found["sms_consent_status"], found["sms_consent_source"]) == ("opted_out", "keyword")
+    again = await client.post("/sms", json={"from": "+14155550100", "to": "+14155559999",
+                                            "body": "hi"})
+    assert_error(again, 422, "UNPROCESSABLE_ENTITY")
+
+
+async def test_twilios_opt_out_type_names_the_keyword(
+    client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """With Advanced Opt-Out, Twilio names a reply it took for STOP (ARRET,
+    in French) in OptOutType: that is the STOP, whatever the body says."""
+    ok(await client.post("/sender-ids", json={"value": "+14155550100", "type": "long_code"}), 201)
+    path = "/providers/twilio/inbound"
+
+    async def reply(**form: str) -> None:
+        form = {"From": "+14155550123", "To": "+14155550100", **form}
+        headers = {"X-Twilio-Signature": signature(AUTH_TOKEN, PUBLIC + path, form.items())}
+        assert (await http.post(path, data=form, headers=headers)).status_code == 200
+
+    await reply(Body="ARRET", OptOutType="STOP")
+    [stop] = ok(await client.get("/suppressions", params={"search": "14155550123"}))["data"]
+    assert stop["reason"] == "sms_opt_out"
+    await reply(Body="Commencer", OptOutType="START")
+    assert ok(await client.get("/suppressions", params={"search": "14155550123"}))["data"] == []
+    await reply(Body="ARRET")  # without Advanced Opt-Out: not a keyword of Tidings'
+    assert ok(await client.get("/suppressions", params={"search": "14155550123"}))["data"] == []

@@ -204,6 +204,11 @@ def _operation(
             "description": route.summary,
             "content": {"application/json": {"schema": _envelope(data)}},
         }
+        for status, meaning in route.also_ok:
+            responses[str(status)] = {
+                "description": meaning,
+                "content": {"application/json": {"schema": _envelope(data)}},
+            }
     for status in error_statuses(route, routes):
         responses[str(status)] = {
             "description": ERROR_DESCRIPTIONS[status],

@@ -33,7 +33,7 @@ from tidings.http.sms import sender_spellings
 from tidings.phones import parse_phone
 from tidings.providers.twilio import NAME, error_message, tidings_status, valid_signature
 from tidings.service import Service
-from tidings.sms_keywords import help_text, keyword_action
+from tidings.sms_keywords import Action, help_text, keyword_action
 from tidings.storage import sender_ids, sms_consent, sms_status
 
 routes = Routes("Providers")
@@ -46,6 +46,7 @@ MAX_FORM_BYTES = 64 * 1024
 # What X-Twilio-Signature holds: an HMAC-SHA1 in base64, 28 characters.
 _SIGNATURE = re.compile(r"\s*[A-Za-z0-9+/]{27}=\s*")
 _FORBIDDEN = "X-Twilio-Signature is missing or does not match"
+OPT_OUT_TYPES: dict[str, Action] = {"STOP": "opt_out", "START": "opt_in", "HELP": "help"}
 
 
 async def signed_form(service: Service) -> dict[str, str]:
@@ -113,7 +114,11 @@ async def twilio_status(service: Service) -> Response:
 )
 async def twilio_inbound(service: Service) -> Response:
     form = await signed_form(service)
-    action = keyword_action(form.get("Body", ""))
+    # With Advanced Opt-Out Twilio names what a reply was (its own keywords,
+    # in every language it knows of) in OptOutType; else the body is read.
+    action = OPT_OUT_TYPES.get(form.get("OptOutType", "").strip().upper()) or keyword_action(
+        form.get("Body", "")
+    )
     try:
         phone = parse_phone(form.get("From", "").strip(), "From", valid=False).e164
     except FieldError:

@@ -142,6 +142,8 @@ class Route:
     # A public route that checks a credential of its own instead of a team's
     # token: the OpenAPI security scheme that describes it.
     credential: str | None = None
+    # Other success statuses with the same body, and what each means.
+    also_ok: tuple[tuple[int, str], ...] = ()
     # The response shows a secret: stored only sealed for idempotent replays.
     secret_response: bool = False
     # The handler awaits only its connection: it runs whole on the asyncio side.
@@ -212,6 +214,7 @@ class Routes:
         raw_body: dict[str, Any] | None = None,
         body_limit: Callable[[Config], int] | None = None,
         credential: str | None = None,
+        also_ok: tuple[tuple[int, str], ...] = (),
         secret_response: bool = False,
         storage_unit: bool | None = None,
         pooled: bool = True,
@@ -245,6 +248,7 @@ class Routes:
                     raw_body=raw_body,
                     body_limit=body_limit,
                     credential=credential,
+                    also_ok=also_ok,
                     secret_response=secret_response,
                     storage_unit=unit,
                     pooled=pooled,

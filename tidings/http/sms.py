@@ -136,8 +136,9 @@ async def send_sms(call: Call, body: SendSms) -> dict[str, Any]:
         raise unprocessable(f"from: {body.from_!r} {state} (POST /sender-ids)") from None
     except store.OptedOut:
         raise unprocessable(
-            f"to: {sms.to} has opted out of the team's messages (replied STOP, or is "
-            "suppressed); a START reply opts it back in"
+            f"to: {sms.to} is opted out of the team's messages: a contact of the team with "
+            "this number is opted out, or the number is suppressed (a STOP reply, or "
+            "GET /suppressions); a STOP is lifted only by the number's START reply"
         ) from None
     return SmsOut.of(stored).dump()
 

@@ -88,8 +88,10 @@ def stored_address(address: str) -> tuple[str, Kind]:
 @routes.route(
     "POST", "/suppressions", summary="Suppress an email address or phone number",
     permission="contacts:write", body=CreateSuppression, response=SuppressionOut, status=201,
+    also_ok=((200, "An opt-out (sms_opt_out) recorded on the number's suppression of "
+                   "another reason"),),
 )
-async def create_suppression(call: Call, body: CreateSuppression) -> SuppressionOut:
+async def create_suppression(call: Call, body: CreateSuppression) -> SuppressionOut | Answer:
     address, kind = stored_address(body.address)
     if body.reason in ONLY_FOR and ONLY_FOR[body.reason] != kind:
         raise bad_request(f"reason: {body.reason} is only for "
@@ -97,10 +99,12 @@ async def create_suppression(call: Call, body: CreateSuppression) -> Suppression
     source = body.source_message_id
     if source is not None and not await store.is_message_of(call.conn, call.team_id, source):
         raise not_found(f"source_message_id: message {source}")
-    created = await store.create_suppression(
+    suppression, new = await store.create_suppression(
         call.conn, call.team_id, address, kind, body.reason, source
     )
-    return SuppressionOut.of(created)
+    if not new:  # a number suppressed already, its STOP now recorded on it
+        return Answer(200, SuppressionOut.of(suppression))
+    return SuppressionOut.of(suppression)
 
 
 @routes.route(

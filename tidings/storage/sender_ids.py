@@ -46,7 +46,7 @@ DELETE = "DELETE FROM sender_ids WHERE team_id = $1 AND id = $2 RETURNING id"
 # hold, owns none (a reply "to" one is no team's to act on).
 TEAMS_OF_VALUE = """
 SELECT DISTINCT team_id FROM sender_ids
-WHERE value = ANY($1::text[]) AND status = 'approved' AND type <> 'alphanumeric'
+WHERE value = ANY($1::text[]) AND status IN ('approved', 'pending') AND type <> 'alphanumeric'
 """
 
 # Pending sender IDs of every team not asked about for $1 seconds, oldest
@@ -128,7 +128,9 @@ async def delete_sender_id(conn: Connection, team_id: UUID, sender_id: UUID) -> 
 
 
 async def teams_of_sender(conn: Connection, spellings: Sequence[str]) -> list[UUID]:
-    """The teams with an approved long or short code spelled one of ``spellings``."""
+    """The teams with a long or short code spelled one of ``spellings``,
+    approved or still pending (it belongs to that team alone either way,
+    and a reply to it came to the team's number)."""
     return [row["team_id"] for row in await conn.fetch(TEAMS_OF_VALUE, list(spellings))]
 
 

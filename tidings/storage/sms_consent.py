@@ -58,6 +58,12 @@ stop AS (
     WHERE team_id = $1 AND sms_opted_out_at IS NOT NULL AND address = {phone}
 )"""
 
+# What a provider answers when it refuses a number that opted out with it
+# (a STOP sent before the account used Tidings, or to another of its
+# numbers): Twilio's 21610, "Attempt to send to unsubscribed recipient". Its
+# refusal is recorded as that number's STOP.
+PROVIDER_OPT_OUTS = frozenset({("twilio", "21610")})
+
 OPT_OUT = """
 WITH suppressed AS (
     INSERT INTO suppressions AS s

@@ -198,6 +198,13 @@ async def record_attempts(
         held = {row["id"] for row in rows}
         kept = [a for a in done if a.sms.id in held]
         await record_reports(conn, [r for a in kept for r in a.reports])
+        # A provider's refusal of a number that opted out with it is its STOP.
+        stopped = [a.sms for a in kept for r in a.reports if r.status == "rejected"
+                   and (r.provider, r.code) in sms_consent.PROVIDER_OPT_OUTS]
+        if stopped:
+            await sms_consent.hold_consent_lock(conn, sorted({s.team_id for s in stopped}))
+            for sms in stopped:
+                await sms_consent.opt_out(conn, [sms.team_id], sms.to_number, sms.id)
         followups = [f for a in kept for f in a.followups]
         if followups:
             await conn.execute(

@@ -48,6 +48,23 @@ WITH inserted AS (
 SELECT {COLUMNS} FROM inserted
 """
 
+# An opt-out for a number suppressed already for another reason records the
+# STOP on that suppression, and does what a STOP does: $1 team, $2 number.
+STAMP_STOP = f"""
+WITH stamped AS (
+    UPDATE suppressions SET sms_opted_out_at = now()
+    WHERE team_id = $1 AND address = $2 AND sms_opted_out_at IS NULL
+    RETURNING {COLUMNS}
+), stopped AS (
+    UPDATE contacts c SET sms_consent_status = 'opted_out', sms_consent_source = $3,
+                          sms_consent_updated_at = s.sms_opted_out_at, updated_at = now()
+    FROM stamped s
+    WHERE c.team_id = s.team_id AND c.normalized_phone = s.address
+      AND c.sms_consent_status <> 'opted_out'
+)
+SELECT {COLUMNS} FROM stamped
+"""
+
 SELECT_SUPPRESSION = f"SELECT {COLUMNS} FROM suppressions WHERE team_id = $1 AND id = $2"
 
 # $2 reason, $3 search (a LIKE pattern); NULL means no filter.
@@ -120,23 +137,30 @@ async def create_suppression(
     kind: Kind,
     reason: Reason,
     source_message_id: UUID | None,
-) -> Suppression:
-    """Suppress a normalised address. Raises Duplicate if the team suppresses it already.
+) -> tuple[Suppression, bool]:
+    """Suppress a normalised address; the suppression, and whether it is
+    new. Raises Duplicate if the team suppresses it already.
 
     A phone suppressed with the reason ``sms_opt_out`` is a STOP: it holds
     the team's consent lock alone, as a keyword does, so that a contact
     write in flight that gives the number is waited for and opted out too,
-    and one that comes after finds the STOP."""
+    and one that comes after finds the STOP. A number suppressed already
+    for another reason gets the STOP recorded on that suppression (not
+    new), as a keyword would; one whose STOP is recorded already is a
+    Duplicate."""
     args = (team_id, address, kind, reason, source_message_id, SOURCE)
     row: Row | None
     with unique("address", f"{address!r} is suppressed already"):
         if kind == "phone" and reason == "sms_opt_out":
             async with conn.transaction():
                 await hold_consent_lock(conn, [team_id])
+                stamped = await conn.fetchrow(STAMP_STOP, team_id, address, SOURCE)
+                if stamped is not None:
+                    return Suppression(**dict(stamped)), False
                 row = await conn.fetchrow(INSERT_SUPPRESSION, *args)
         else:
             row = await conn.fetchrow(INSERT_SUPPRESSION, *args)
-    return Suppression(**dict(returned(row)))
+    return Suppression(**dict(returned(row))), True
 
 
 async def get_suppression(
