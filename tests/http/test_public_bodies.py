@@ -96,18 +96,20 @@ async def test_twilio_routes_check_what_costs_nothing_first(
         assert small.status_code == 200, small.text
 
 
-async def test_a_report_larger_than_any_request_may_be_is_413(
+async def test_a_report_may_be_as_large_as_an_import_and_no_larger(
     database_url: str, acme: Credential
 ) -> None:
-    """TIDINGS_MAX_BODY_BYTES holds for reports too (only the contact import
-    may send more)."""
+    """A DSN may return a whole message, several times larger on the wire
+    than the JSON it was accepted as: a report may reach
+    TIDINGS_IMPORT_MAX_BODY_BYTES, and above it is 413."""
     async with shedding_service(
-        database_url, acme, reports_secret="mta-secret", max_body_bytes=64 * 1024
+        database_url, acme, reports_secret="mta-secret", max_body_bytes=16 * 1024,
+        import_max_body_bytes=64 * 1024,
     ) as (service, _, client):
         headers = {"Authorization": "Bearer mta-secret", "Content-Type": "message/rfc822"}
         large = await client.post("/providers/smtp/reports", headers=headers,
                                   content=b"From: a@example.org\n\n" + b"x" * 70_000)
         assert "65536" in assert_error(large, 413, "PAYLOAD_TOO_LARGE")
-        small = await client.post("/providers/smtp/reports", headers=headers,
-                                  content=b"From: a@example.org\n\nhello\n")
-        assert_error(small, 422, "UNPROCESSABLE_ENTITY")
+        within = await client.post("/providers/smtp/reports", headers=headers,
+                                   content=b"From: a@example.org\n\n" + b"x" * 60_000)
+        assert_error(within, 422, "UNPROCESSABLE_ENTITY")  # read whole: no report

@@ -70,3 +70,46 @@ async def test_hard_bounce_suppressions_become_bounce(
             await conn.execute(
                 "INSERT INTO suppressions (team_id, address, kind, reason) VALUES "
                 "($1, 'x@example.com', 'email', 'hard_bounce')", team)
+
+
+async def test_a_migration_waiting_for_a_lock_gives_way_to_running_processes(
+    empty_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rolling upgrade: processes of the version before keep using a
+    table that a migration must lock, while a long read holds it. The
+    migration waits LOCK_TIMEOUT_MS at a time, then gives way, so their
+    queries are held up for that long at most, not for the whole read; it
+    applies once the read ends."""
+    import tidings.storage.migrate as migrate_module
+
+    everything = load_migrations()
+    monkeypatch.setattr(migrate_module, "load_migrations",
+                        lambda: [m for m in everything if m.version < 26])
+    async with triopg.connect(empty_database) as conn:
+        await migrate(conn)
+    monkeypatch.setattr(migrate_module, "load_migrations", lambda: everything)
+    monkeypatch.setattr(migrate_module, "LOCK_TIMEOUT_MS", 300)
+    monkeypatch.setattr(migrate_module, "RETRY_PAUSE_SECONDS", 0.3)
+    waits: list[float] = []
+    applied: list[str] = []
+    async with triopg.connect(empty_database) as reader, \
+            triopg.connect(empty_database) as upgrading, \
+            triopg.connect(empty_database) as running:
+        await reader.execute("BEGIN")
+        await reader.fetchval("SELECT count(*) FROM webhook_deliveries")  # a long read
+
+        async def upgrade() -> None:
+            applied.extend(await migrate(upgrading))
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(upgrade)
+                for _ in range(12):  # 3 s of the old version's traffic on emails
+                    started = trio.current_time()
+                    await running.fetchval("SELECT count(*) FROM emails")
+                    waits.append(trio.current_time() - started)
+                    await trio.sleep(0.25)
+                assert applied == []  # it waits for the read still
+                await reader.execute("COMMIT")  # the read ends: the migration goes on
+    assert applied == ["0026_message_rows_without_foreign_keys"]
+    assert max(waits) < 1.0, waits  # not the 3 s the read held its table

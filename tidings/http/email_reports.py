@@ -23,6 +23,7 @@ from tidings.http.parsing import read_body
 from tidings.http.routing import Routes
 
 if TYPE_CHECKING:
+    from tidings.config import Config
     from tidings.service import Service
 
 routes = Routes("Providers")
@@ -54,6 +55,15 @@ class ReportAnswer(BaseModel):
     reports: list[HandledReport]
 
 
+def report_limit(config: Config) -> int:
+    """A DSN may return the whole message (RET=FULL), and an email accepted
+    at TIDINGS_MAX_BODY_BYTES of JSON is a few times that on the wire
+    (quoted-printable, base64): a report may be as large as a contact
+    import (TIDINGS_IMPORT_MAX_BODY_BYTES), and never smaller than any
+    request."""
+    return max(config.import_max_body_bytes, config.max_body_bytes)
+
+
 # The whole message as the MTA received it.
 RAW_MESSAGE = {media: {"schema": {"type": "string"}} for media in ("message/rfc822", "*/*")}
 
@@ -62,11 +72,12 @@ RAW_MESSAGE = {media: {"schema": {"type": "string"}} for media in ("message/rfc8
     "POST", "/providers/smtp/reports",
     summary="A delivery status notification (RFC 3464) or an abuse report (RFC 5965), raw",
     public=True, credential=REPORTS_SECRET, raw_body=RAW_MESSAGE, response=ReportAnswer,
+    body_limit=report_limit,
 )
 async def receive_report(service: Service) -> dict[str, Any]:
     if not _authorized(service.config.reports_secret):
         raise ApiError(403, "FORBIDDEN", "a valid TIDINGS_REPORTS_SECRET bearer is required")
-    raw = await read_body(service.config.max_body_bytes)
+    raw = await read_body(report_limit(service.config))
     key = await service.emails.bounce_key()
     try:
         # Parsing a large report takes seconds of CPU: not on the event loop,

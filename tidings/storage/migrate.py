@@ -6,10 +6,23 @@ start together on one database apply each migration exactly once.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import resources
 
+import asyncpg
+
 from tidings.storage.connection import Connection
+
+log = logging.getLogger(__name__)
+
+# How long a migration waits for each lock it needs before it gives way, and
+# how long it pauses before it tries again. Processes of the version before
+# may run on the same database (a rolling upgrade): every statement of
+# theirs on a table queues behind a lock a migration waits for, so waiting
+# as long as a report or a dump reads would stall their traffic as long.
+LOCK_TIMEOUT_MS = 2000
+RETRY_PAUSE_SECONDS = 1.0
 
 # "tidi" in ASCII: the advisory lock every Tidings process takes to migrate.
 MIGRATION_LOCK = 0x74696469
@@ -61,13 +74,31 @@ async def migrate(conn: Connection) -> list[str]:
         for migration in load_migrations():
             if migration.version in applied:
                 continue
-            async with conn.transaction():
-                await conn.execute(migration.sql)
-                await conn.execute(INSERT_APPLIED, migration.version, migration.name)
+            await _apply(conn, migration)
             done.append(f"{migration.version:04d}_{migration.name}")
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+async def _apply(conn: Connection, migration: Migration) -> None:
+    """One migration in its own transaction, each lock waited for at most
+    LOCK_TIMEOUT_MS: tried again after a pause until it gets them all."""
+    waited = False
+    while True:
+        try:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+                await conn.execute(migration.sql)
+                await conn.execute(INSERT_APPLIED, migration.version, migration.name)
+            return
+        except asyncpg.LockNotAvailableError:
+            if not waited:
+                log.warning("migration %04d_%s waits for a table another session holds "
+                            "(a long query or transaction); trying again every %g s",
+                            migration.version, migration.name, RETRY_PAUSE_SECONDS)
+                waited = True
+            await conn.execute("SELECT pg_sleep($1)", RETRY_PAUSE_SECONDS)
 
 
 async def missing_migrations(conn: Connection) -> list[str]:
