@@ -111,5 +111,6 @@ async def test_a_migration_waiting_for_a_lock_gives_way_to_running_processes(
                     await trio.sleep(0.25)
                 assert applied == []  # it waits for the read still
                 await reader.execute("COMMIT")  # the read ends: the migration goes on
-    assert applied == ["0026_message_rows_without_foreign_keys"]
+    assert applied == [f"{m.version:04d}_{m.name}" for m in everything if m.version >= 26]
+    assert applied[0] == "0026_message_rows_without_foreign_keys"
     assert max(waits) < 1.0, waits  # not the 3 s the read held its table

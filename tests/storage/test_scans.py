@@ -199,3 +199,32 @@ async def test_taking_due_outcomes_reads_those_it_takes(db: Database) -> None:
         read = await conn.fetchrow(READ, "email_followups")
     assert len(taken) == 50
     assert read["seq_scan"] == 0 and read["rows"] < 500, read  # not the 5,000
+
+
+async def test_a_teams_own_emails_are_claimed_before_its_broadcasts(db: Database) -> None:
+    """A broadcast has queued thousands of emails; the team's own emails that
+    fall due later still go first, and finding them reads few entries."""
+    acme = await team(db, "acme")
+    async with db.transaction() as conn:
+        await conn.execute("ANALYZE emails")  # while there are none
+    async with db.transaction() as conn:  # a broadcast's, due a minute ago
+        news = await conn.fetch(
+            EMAILS.replace("leased_until)", "leased_until, broadcast_id, contact_id)")
+                  .replace("$4 * interval '1 second'",
+                           "$4 * interval '1 second', $5::uuid, gen_random_uuid()"),
+            acme, 3000, -60, None, uuid4(),
+        )
+    own = await emails(db, acme, 3, -1)  # due a minute after the broadcast's
+    async with db.transaction() as conn:
+        claimed = await claim_rows(conn, EMAIL_LEASES.claim, acme, uuid4(), 60, 10)
+        read = await conn.fetchrow(INDEX_READ, "emails_due")
+        read_own = await conn.fetchrow(INDEX_READ, "emails_due_own")
+    ids = [row["id"] for row in claimed]
+    assert len(ids) == 10
+    assert set(ids[:3]) == {row["id"] for row in own}
+    assert set(ids[3:]) <= {row["id"] for row in news}
+    assert read["entries"] + read_own["entries"] < 1000, (read, read_own)
+    # With none of its own due, a claim takes the broadcast's in their order.
+    async with db.transaction() as conn:
+        more = await claim_rows(conn, EMAIL_LEASES.claim, acme, uuid4(), 60, 5)
+    assert len(more) == 5 and not {row["id"] for row in more} & set(ids)

@@ -41,6 +41,9 @@ LEASES = lease_sql(
     due="t.next_attempt_at",
     pending="t.next_attempt_at IS NOT NULL",
     owners_index="next_attempt_at IS NOT NULL",  # emails_due
+    # A team's own emails go before its broadcasts' (emails_due_own): a
+    # password reset never waits behind 100,000 newsletters.
+    ahead="t.broadcast_id IS NULL",
     claimed=f"""
 SELECT c.id, c.team_id, c.from_address, c.from_email, c.to_addresses, c.cc, c.reply_to,
        c.send_to, c.subject, c.html, c.text, c.headers::text AS headers, c.domain,
