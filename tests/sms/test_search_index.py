@@ -5,6 +5,7 @@ reads."""
 from __future__ import annotations
 
 import pytest
+import triopg
 
 from tidings.service import Service
 from tidings.storage.contacts import like_pattern
@@ -131,3 +132,24 @@ async def test_a_longer_term_asks_for_its_rarer_pieces(service: Service) -> None
                 "SELECT count(*) FROM sms_messages WHERE team_id = $1 "
                 "AND strpos(search, lower($2)) > 0", team, term,
             ), term
+
+
+async def test_the_piece_index_is_analyzed_whatever_the_search_path(
+    service: Service, database_url: str
+) -> None:
+    """Autovacuum analyzes in a session of its own whose search_path is
+    empty: the index's function names what it calls with its schema, or the
+    table never gets statistics (the error only shows in PostgreSQL's log)."""
+    async with service.db.acquire() as conn:
+        team_id = await conn.fetchval("INSERT INTO teams (name) VALUES ('acme') RETURNING id")
+        await conn.execute(
+            "INSERT INTO sms_messages (id, team_id, to_number, from_sender, body, status,"
+            " encoding, segments, country, provider)"
+            " SELECT gen_random_uuid(), $1, '+14155550100', 'Acme', 'hello ' || n, 'queued',"
+            " 'GSM-7', 1, 'US', 'sandbox' FROM generate_series(1, 50) n", team_id,
+        )
+    # A new session, as autovacuum's: nothing of the index read before.
+    async with triopg.connect(database_url, server_settings={"search_path": ""}) as fresh:
+        await fresh.execute("ANALYZE public.sms_messages")
+        assert await fresh.fetchval(
+            "SELECT count(*) FROM pg_catalog.pg_stats WHERE tablename = 'sms_search'") > 0
