@@ -104,6 +104,15 @@ async def test_contacts_import_shows_progress_unless_quiet(
     assert json.loads(quiet.stdout)["updated"] == 250
 
 
+async def authorization_line(env: dict[str, str]) -> bytes:
+    """The ``Authorization`` header line of a new token of every permission."""
+    created = await trio.run_process(
+        [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
+        env=env, capture_stdout=True,
+    )
+    return b"Authorization: Bearer " + json.loads(created.stdout)["token"].encode()
+
+
 async def test_answers_during_shutdown_close_their_connections(tmp_path: Path) -> None:
     """A request in flight at SIGTERM is answered with ``Connection: close``, so a
     pooled client does not send its next request on a connection about to end;
@@ -115,11 +124,7 @@ async def test_answers_during_shutdown_close_their_connections(tmp_path: Path) -
         [sys.executable, "-m", "tidings", "serve", "--port", str(port)], env=env)
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", process)
-        created = await trio.run_process(
-            [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
-            env=env, capture_stdout=True,
-        )
-        auth = b"Authorization: Bearer " + json.loads(created.stdout)["token"].encode()
+        auth = await authorization_line(env)
         body = b'{"email": "ada@example.com"}'
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"POST /contacts HTTP/1.1\r\nHost: a\r\n" + auth + (
@@ -163,11 +168,7 @@ async def test_a_second_signal_stops_at_once_and_says_so(tmp_path: Path) -> None
         stderr=subprocess.PIPE)
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", process)
-        created = await trio.run_process(
-            [sys.executable, "-m", "tidings", "tokens", "create", "--team", "acme", "--all"],
-            env=env, capture_stdout=True,
-        )
-        auth = b"Authorization: Bearer " + json.loads(created.stdout)["token"].encode()
+        auth = await authorization_line(env)
         # A request whose body never ends: the drain waits for it (up to 30 s).
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"POST /contacts HTTP/1.1\r\nHost: a\r\n" + auth
