@@ -21,7 +21,7 @@ from tests.email.smtp_sink import running_sink
 from tests.email.test_processes import setup_team
 from tests.email.test_smtp_flow import OnceBusy
 from tidings.service import open_service
-from tidings.storage.emails import NewEmail, accept_emails
+from tidings.storage.emails_accept import NewEmail, accept_emails
 
 COUNT = 300
 

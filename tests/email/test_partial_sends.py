@@ -42,7 +42,7 @@ from tidings.permissions import ALL_PERMISSIONS
 from tidings.service import Service, open_service
 from tidings.storage import emails_sending as sending
 from tidings.storage import tokens as token_store
-from tidings.storage.emails import NewEmail, accept_emails
+from tidings.storage.emails_accept import NewEmail, accept_emails
 from tidings.storage.emails_manage import NotScheduled, cancel, reschedule
 
 RECIPIENTS = ["ada@example.com", "slow@example.com", "cy@example.com"]

@@ -25,7 +25,7 @@ from tidings.email.records import records_for
 from tidings.permissions import ALL_PERMISSIONS
 from tidings.storage import domains as domain_store
 from tidings.storage import tokens as token_store
-from tidings.storage.emails import NewEmail, accept_emails
+from tidings.storage.emails_accept import NewEmail, accept_emails
 
 
 class SlowSink(Sink):

@@ -11,6 +11,7 @@ import trio
 
 from tidings.logging_setup import request_id
 from tidings.service import Service
+from tidings.storage.db import AsyncioConnection
 
 
 @contextmanager
@@ -35,6 +36,43 @@ def counting_crossings(service: Service) -> Iterator[list[str]]:
         yield runs
     finally:
         del db.run, db.acquire, db.transaction
+
+
+# What asyncpg sends on its own when a connection first meets a type.
+ASYNCPG_OWN = ("typeinfo_tree", "set_config('jit'")
+
+
+@contextmanager
+def counting_statements(service: Service) -> Iterator[list[str]]:
+    """The statements that requests' storage units send to PostgreSQL, as
+    asyncpg's query loggers see them, but for asyncpg's own lookup of the
+    types a connection meets for the first time."""
+    db = service.db
+    sent: list[str] = []
+    run = db.run
+
+    async def counted(unit: Any, *args: Any) -> Any:
+        if request_id.get() is None:  # an actor's, not a request's
+            return await run(unit, *args)
+        return await run(logged(unit), *args)
+
+    def logged(unit: Any) -> Any:
+        async def logged_unit(conn: AsyncioConnection, *args: Any, **kwargs: Any) -> Any:
+            def record(query: Any) -> None:
+                if not any(own in query.query for own in ASYNCPG_OWN):
+                    sent.append(query.query)
+            conn.add_query_logger(record)
+            try:
+                return await unit(conn, *args, **kwargs)
+            finally:
+                conn.remove_query_logger(record)
+        return logged_unit
+
+    db.run = counted  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        del db.run
 
 
 async def test_post_contacts_is_one_crossing_with_and_without_a_key(

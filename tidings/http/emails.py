@@ -30,7 +30,7 @@ from tidings.http.models import CreatedRangeQuery, Moment, RequestBody
 from tidings.http.paging import MAX_LIMIT, QueryInt
 from tidings.http.routing import Call, Routes
 from tidings.rendering import RenderError, render, subject_fault
-from tidings.storage import emails as store
+from tidings.storage import emails_accept as store
 from tidings.storage import emails_manage as manage
 from tidings.storage import templates as template_store
 
