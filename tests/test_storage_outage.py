@@ -38,11 +38,18 @@ async def test_requests_during_a_database_outage_are_503(tmp_path: Path) -> None
                 while (await client.get("/readyz")).status_code != 503:
                     await trio.sleep(0.1)
             answers = [
+                # The process is up, its storage is not (the check /readyz
+                # just made, reused for a second: the server is restarted
+                # within seconds).
+                await client.get("/healthz"),
                 await client.get("/contacts"),  # a storage-unit route
                 await client.post("/contacts", json={"email": "ada@example.com"}),
                 await client.get("/webhook-endpoints"),  # a route served through Quart
                 await client.get("/contacts", headers={"Authorization": "Bearer svc_team_x"}),
             ]
+            # Liveness is the event loop's alone.
+            live = await client.get("/livez")
+            assert live.status_code == 200 and live.json()["data"] == {"status": "alive"}
         for answer in answers:
             assert answer.status_code == 503, answer.text
             assert answer.headers["Retry-After"] == "1"

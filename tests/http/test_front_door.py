@@ -204,10 +204,10 @@ async def test_probes_and_metrics_answer_when_the_process_is_at_capacity() -> No
         nursery.start_soon(shedder, http_scope("GET", "/contacts", []), receive,
                            sender("/contacts"))
         await trio.testing.wait_all_tasks_blocked()
-        for path in ("/metrics", "/healthz", "/readyz", "/openapi.json"):
+        for path in ("/metrics", "/healthz", "/livez", "/readyz", "/openapi.json"):
             await shedder(http_scope("GET", path, []), receive, sender(path))
         held.set()
-    assert statuses == {"/metrics": 200, "/healthz": 200, "/readyz": 200,
+    assert statuses == {"/metrics": 200, "/healthz": 200, "/livez": 200, "/readyz": 200,
                         "/openapi.json": 503, "/contacts": 200}
 
 

@@ -80,15 +80,17 @@ async def wait_for_locked(service: Service, count: int) -> None:
                 await trio.sleep(0.01)
 
 
-async def test_healthz_and_readyz_answer_while_the_pool_is_held(
+async def test_the_probes_answer_while_the_pool_is_held(
     http: httpx.AsyncClient, service: Service
 ) -> None:
     async with held_pool(service):
         with trio.fail_after(PROBE_SECONDS):
-            live = await http.get("/healthz")
+            healthy = await http.get("/healthz")
+            live = await http.get("/livez")
             ready = await http.get("/readyz")
-    assert live.status_code == 200, live.text
-    assert live.json() == {"success": True, "data": {"status": "ok"}}
+    assert healthy.status_code == 200, healthy.text
+    assert healthy.json() == {"success": True, "data": {"status": "ok"}}
+    assert live.json() == {"success": True, "data": {"status": "alive"}}
     assert ready.status_code == 200, ready.text
     assert ready.json()["data"] == {"status": "ready"}
 
@@ -103,8 +105,9 @@ async def test_readyz_is_503_while_a_migration_is_missing(
         )
     message = assert_error(await http.get("/readyz"), 503, "SERVICE_UNAVAILABLE")
     assert "migrations not applied" in message
-    # Liveness does not depend on storage.
+    # Storage is up: healthy (CONTRACT §2), and alive.
     assert (await http.get("/healthz")).status_code == 200
+    assert (await http.get("/livez")).status_code == 200
 
 
 async def test_readiness_of_unreachable_storage(asyncio_bridge: None) -> None:

@@ -13,8 +13,8 @@ SERVICE_UNAVAILABLE and ``Retry-After``, before Quart parses anything:
 
 So the queue in front of the pool, and with it the latency of the requests
 that are accepted, stays bounded however many connections arrive. The
-probes (``/healthz``, ``/readyz``) and ``/metrics`` are never counted nor
-shed.
+probes (``/healthz``, ``/livez``, ``/readyz``) and ``/metrics`` are never
+counted nor shed.
 
 A request with a body counts against storage only once its body has
 arrived: a client that sends a body slowly (or never finishes it) holds a
@@ -67,7 +67,7 @@ RETRY_AFTER_SECONDS = 1
 DRAIN_SECONDS = 2.0
 # Never counted nor shed: a probe must answer however busy the process is,
 # and so must the metrics, whose scrape matters most when it is busy.
-PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+PROBES = frozenset({"/healthz", "/livez", "/readyz", "/metrics"})
 # Public routes that never touch storage.
 STORAGE_FREE = PROBES | {"/metrics", "/openapi.json"}
 

@@ -1,12 +1,13 @@
 """Routes without a token: the probes, metrics and the OpenAPI description.
 
-``/healthz`` is liveness: it answers from the event loop alone, so it says
-the process is alive and serving, nothing about storage (a liveness probe
-that failed on a database outage would restart every healthy process).
-``/readyz`` is readiness: storage answers and every migration is applied.
-It checks on a connection of its own, never one of the request pool, so a
-saturated pool cannot make it fail; checks are shared by concurrent probes
-and reused for a second. The load shedder never counts nor refuses either.
+``/healthz`` answers 200 when the process and its storage are up (CONTRACT
+§2). ``/readyz`` is readiness: storage answers and every migration is
+applied. Both check on a connection of their own, never one of the request
+pool, so a saturated pool cannot make them fail; checks are shared by
+concurrent probes and reused for a second. ``/livez`` is liveness: it
+answers from the event loop alone, nothing about storage (a liveness probe
+that failed on a database outage would restart every healthy process). The
+load shedder never counts nor refuses any of them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ routes = Routes("System")
 
 READY_TIMEOUT_SECONDS = 2.0
 READY_REUSE_SECONDS = 1.0
+# A probe's result is reused for a second: asking sooner tells nothing new.
+RETRY = {"Retry-After": "1"}
 
 
 class Readiness:
@@ -43,29 +46,31 @@ class Readiness:
         self._url = url
         self._lock = trio.Lock()
         self._checked_at = -math.inf
-        self._problem: str | None = None
+        self._storage: str | None = None
+        self._missing: list[str] = []
 
-    async def problem(self) -> str | None:
-        """None when ready, else why not. One check at a time; a result is
-        reused for READY_REUSE_SECONDS, so probes cannot pile up connections."""
+    async def problem(self, *, migrations: bool = True) -> str | None:
+        """None when ready, else why not: storage, then (with ``migrations``)
+        a migration not applied. One check at a time; a result is reused for
+        READY_REUSE_SECONDS, so probes cannot pile up connections."""
         async with self._lock:
             if trio.current_time() - self._checked_at >= READY_REUSE_SECONDS:
-                self._problem = await self._check()
+                await self._check()
                 self._checked_at = trio.current_time()
-            return self._problem
+        if self._storage is None and migrations and self._missing:
+            return f"migrations not applied: {', '.join(self._missing)}"
+        return self._storage
 
-    async def _check(self) -> str | None:
+    async def _check(self) -> None:
+        self._storage, self._missing = None, []
         try:
             with trio.fail_after(READY_TIMEOUT_SECONDS):
                 async with triopg.connect(self._url) as conn:
-                    missing = await missing_migrations(conn)
+                    self._missing = await missing_migrations(conn)
         except trio.TooSlowError:
-            return f"storage did not answer within {READY_TIMEOUT_SECONDS:g} s"
+            self._storage = f"storage did not answer within {READY_TIMEOUT_SECONDS:g} s"
         except Exception:
-            return "storage is unreachable"
-        if missing:
-            return f"migrations not applied: {', '.join(missing)}"
-        return None
+            self._storage = "storage is unreachable"
 
 
 _readiness: weakref.WeakKeyDictionary[Database, Readiness] = weakref.WeakKeyDictionary()
@@ -82,17 +87,33 @@ class Health(BaseModel):
     status: Literal["ok"] = "ok"
 
 
+class Live(BaseModel):
+    status: Literal["alive"] = "alive"
+
+
 class Ready(BaseModel):
     status: Literal["ready"] = "ready"
 
 
 @routes.route(
     "GET", "/healthz", public=True,
-    summary="Liveness: the process and its event loop answer (storage is not checked)",
+    summary="Health: the process and its storage are up; 503 otherwise",
     response=Health,
 )
 async def healthz(service: Service) -> dict[str, Any]:
+    problem = await readiness(service.db).problem(migrations=False)
+    if problem is not None:
+        raise ApiError(503, "SERVICE_UNAVAILABLE", f"not healthy: {problem}", RETRY)
     return {"status": "ok"}
+
+
+@routes.route(
+    "GET", "/livez", public=True,
+    summary="Liveness: the process and its event loop answer (storage is not checked)",
+    response=Live,
+)
+async def livez(service: Service) -> dict[str, Any]:
+    return {"status": "alive"}
 
 
 @routes.route(
@@ -103,7 +124,7 @@ async def healthz(service: Service) -> dict[str, Any]:
 async def readyz(service: Service) -> dict[str, Any]:
     problem = await readiness(service.db).problem()
     if problem is not None:
-        raise ApiError(503, "SERVICE_UNAVAILABLE", f"not ready: {problem}")
+        raise ApiError(503, "SERVICE_UNAVAILABLE", f"not ready: {problem}", RETRY)
     return {"status": "ready"}
 
 
