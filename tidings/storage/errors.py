@@ -45,7 +45,12 @@ def unavailable(error: BaseException) -> bool:
     if isinstance(error, UNAVAILABLE):
         return True
     # asyncpg's own: a pooled connection whose server went away.
-    return isinstance(error, asyncpg.InterfaceError) and "connection is closed" in str(error)
+    if isinstance(error, asyncpg.InterfaceError) and "connection is closed" in str(error):
+        return True
+    # A query sent after the server's farewell (a FATAL for a connection it
+    # ends, as on shutdown) had arrived but before the socket's end had:
+    # asyncpg is still consuming that error (its state 2), not the query's.
+    return isinstance(error, asyncpg.InternalClientError) and "operation (2)" in str(error)
 
 
 # What PostgreSQL answers when it ends one of two transactions that wait for
