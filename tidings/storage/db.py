@@ -241,8 +241,23 @@ async def open_asyncio_bridge() -> AsyncIterator[None]:
     if trio_asyncio.current_loop.get() is not None:
         yield
         return
-    async with trio_asyncio.open_loop():
+    async with trio_asyncio.open_loop() as loop:
+        loop.set_exception_handler(_log_unawaited)
         yield
+
+
+def _log_unawaited(loop: object, context: dict[str, Any]) -> None:
+    """What the asyncio side reports with no one to report it to: logged.
+
+    trio-asyncio's own handler raises it into the loop's nursery, which ends
+    the process. asyncpg leaves such errors behind when a server refuses it
+    mid-handshake (a server in crash recovery answers "starting up" during
+    its TLS negotiation): no request is waiting for them, and the next
+    connection attempt succeeds or fails on its own.
+    """
+    error = context.get("exception")
+    log.warning("storage: %s", context.get("message") or "unhandled error on the asyncio side",
+                exc_info=error if isinstance(error, BaseException) else None)
 
 
 # How often a process looks whether the embedded server still runs.
