@@ -8,8 +8,10 @@ from typing import Any
 
 import httpx
 import trio
+import triopg
 
 from tests.conftest import Credential, MakeToken
+from tidings.actors.revocations import PING_SECONDS
 from tidings.service import Service
 
 
@@ -112,3 +114,22 @@ async def test_lookups_of_unknown_tokens_take_at_most_half_the_pool(
         del service.db.run
     assert answers == [401] * 12
     assert most == max(1, service.config.db_pool_size // 2)
+
+
+async def test_the_cache_goes_dark_as_soon_as_its_listener_loses_the_server(
+    service: Service, database_url: str
+) -> None:
+    # A server restart ends every connection, the one that LISTENs too: a
+    # revocation made after it would not be heard, so cached tokens must not
+    # answer meanwhile.
+    await wait_listening(service)
+    async with triopg.connect(database_url) as conn:
+        ended = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    assert ended > 1
+    with trio.fail_after(PING_SECONDS / 4):  # well before the next ping would tell
+        while service.tokens.live:
+            await trio.sleep(0.01)
+    await wait_listening(service)  # and it listens again
