@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from tests.db_proxy import DatabaseProxy
 from tests.test_e2e import free_port, service_env, wait_healthy
 from tidings.workers import (
     METRICS_DIR_PREFIX,
@@ -453,3 +454,46 @@ async def test_a_second_signal_to_the_parent_stops_the_workers_at_once(tmp_path:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_a_worker_that_dies_while_the_database_is_down_is_replaced_once_it_answers(
+    tmp_path: Path, database_url: str
+) -> None:
+    proxy = DatabaseProxy(database_url)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {**service_env(tmp_path / "data"), "DATABASE_URL": proxy.url}
+        process = await trio.lowlevel.open_process(
+            workers_command(port), env=env, stderr=subprocess.DEVNULL)
+        try:
+            await wait_healthy(url, process)
+            with trio.fail_after(30):
+                while len(first := workers_of(process.pid)) < 2:
+                    await trio.sleep(0.05)
+            proxy.cut()  # the database goes down
+            os.kill(min(first), signal.SIGKILL)
+            seen: set[int] = set()
+            with trio.move_on_after(3):
+                while True:
+                    seen |= workers_of(process.pid)
+                    await trio.sleep(0.05)
+            # No replacement started (it could not have): the set waits.
+            assert seen - {min(first)} == {max(first)}
+            assert process.returncode is None
+            await nursery.start(proxy.serve)  # the database is back
+            async with httpx.AsyncClient() as client:
+                with trio.fail_after(60):
+                    while len(workers_of(process.pid)) < 2 or (
+                        await client.get(f"{url}/readyz")).status_code != 200:
+                        await trio.sleep(0.2)
+            assert process.returncode is None and max(first) in workers_of(process.pid)
+            process.send_signal(signal.SIGTERM)
+            with trio.fail_after(20):
+                assert await process.wait() == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            nursery.cancel_scope.cancel()

@@ -20,10 +20,12 @@ may open at most (:func:`check_connections`).
 
 A worker that exits on its own (a crash, an out-of-memory kill) is replaced
 by a new one while the others go on serving; its work is picked up from
-PostgreSQL when its leases end. A worker that keeps exiting (more than
-``RESTARTS`` within ``RESTART_WINDOW_SECONDS``: a database gone for good, a
-setting it cannot use) stops the others too, and the command exits 1 for a
-process manager to see.
+PostgreSQL when its leases end. While the database does not answer, the
+replacement waits for it (a new worker could not start, and the others
+answer 503 meanwhile). A worker that keeps exiting with the database up
+(more than ``RESTARTS`` within ``RESTART_WINDOW_SECONDS``: a setting it
+cannot use) stops the others too, and the command exits 1 for a process
+manager to see.
 """
 
 from __future__ import annotations
@@ -289,7 +291,7 @@ def _run(config: Config, host: str, port: int, count: int, received: list[int]) 
     shared_metrics = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
     env[MULTIPROC_ENV] = shared_metrics
     try:
-        return _serve(env, config, host, port, count, received)
+        return _serve(env, url, config, host, port, count, received)
     finally:
         shutil.rmtree(shared_metrics, ignore_errors=True)
 
@@ -310,7 +312,8 @@ def remove_orphan_metric_dirs() -> None:
 
 
 def _serve(
-    env: dict[str, str], config: Config, host: str, port: int, count: int, received: list[int]
+    env: dict[str, str], url: str, config: Config, host: str, port: int, count: int,
+    received: list[int],
 ) -> int:
     command = [
         sys.executable, "-m", "tidings", "serve", "--host", host, "--port", str(port),
@@ -327,6 +330,7 @@ def _serve(
     stop_seconds = config.shutdown_grace_seconds + STOP_MARGIN_SECONDS
     log.info("started %d workers: %s", count, ", ".join(str(w.pid) for w in workers))
     restarts: list[float] = []
+    waiting: set[int] = set()  # exited workers whose replacement waits for the database
     watched = time.monotonic()
     while True:
         if config.database_url is None and time.monotonic() - watched >= WATCH_SECONDS:
@@ -341,6 +345,12 @@ def _serve(
         for index, worker in enumerate(workers):
             if worker.poll() is None:
                 continue
+            if not trio.run(database_answers, url):
+                if worker.pid not in waiting:
+                    waiting.add(worker.pid)
+                    log.warning("worker %d exited with %d; the database does not answer: its "
+                                "replacement starts once it does", worker.pid, worker.returncode)
+                continue
             now = time.monotonic()
             restarts = [at for at in restarts if now - at < RESTART_WINDOW_SECONDS]
             if len(restarts) >= RESTARTS:
@@ -354,6 +364,17 @@ def _serve(
             log.error("worker %d exited with %d: started worker %d in its place", worker.pid,
                       worker.returncode, workers[index].pid)
         time.sleep(0.2)  # a signal runs ``note``; the next turn sees it
+
+
+async def database_answers(url: str) -> bool:
+    """Whether the database at ``url`` answers a query within 2 s."""
+    with trio.move_on_after(2):
+        try:
+            async with open_asyncio_bridge(), triopg.connect(url) as conn:
+                return bool(await conn.fetchval("SELECT true"))
+        except Exception:
+            return False
+    return False
 
 
 async def watch_parent(stop: trio.Event) -> None:
