@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from uuid import UUID
 
+import trio
+
 from tidings.actors.mailbox import Reply
 from tidings.actors.runtime import Runtime
 from tidings.actors.supervisor import Actor, Supervisor
@@ -22,6 +24,7 @@ from tidings.config import Config
 from tidings.sealing import Sealer, is_sealed, load_key
 from tidings.storage import idempotency as records
 from tidings.storage.db import AsyncioConnection, Database
+from tidings.storage.errors import unavailable
 
 log = logging.getLogger("tidings.idempotency")
 
@@ -199,13 +202,49 @@ class RunningKeys:
             del self._running[scope, key]
 
 
+class Releases:
+    """Claims of failed requests that could not be released at once (storage
+    was down): released as soon as storage answers again, so that the
+    client's retry runs instead of meeting "still processing" until the
+    claim's lock expires. One singleton per process works through them."""
+
+    RETRY_SECONDS = 0.5
+
+    def __init__(self, db: Database, lock_seconds: float) -> None:
+        self._db = db
+        self._lock_seconds = lock_seconds
+        self._send, self._receive = trio.open_memory_channel[tuple[float, UUID, str, UUID]](1024)
+
+    def later(self, scope: UUID, key: str, claim: UUID) -> None:
+        try:
+            self._send.send_nowait((trio.current_time() + self._lock_seconds, scope, key, claim))
+        except trio.WouldBlock:  # its lock frees the key in time anyway
+            log.warning("too many idempotency claims wait for their release; this one waits "
+                        "for its lock to expire")
+
+    async def run(self) -> None:
+        async for deadline, scope, key, claim in self._receive:
+            while trio.current_time() < deadline:
+                try:
+                    async with self._db.acquire() as conn:
+                        await records.release(conn, scope, key, claim)
+                    break
+                except Exception as error:
+                    if not unavailable(error):
+                        raise
+                    await trio.sleep(self.RETRY_SECONDS)
+
+
 class IdempotencyKeys:
     """The shards, as HTTP handlers see them."""
 
-    def __init__(self, shards: Supervisor[int, Begin], count: int, sealer: Sealer) -> None:
+    def __init__(
+        self, shards: Supervisor[int, Begin], count: int, sealer: Sealer, releases: Releases
+    ) -> None:
         self._shards = shards
         self._count = count
         self._sealer = sealer
+        self.releases = releases
         self.running = RunningKeys()
 
     async def begin(self, scope: UUID, key: str, fingerprint: bytes) -> Decision:
@@ -237,10 +276,13 @@ def start_idempotency(runtime: Runtime, db: Database, config: Config) -> Idempot
         return IdempotencyShard(db, config, sealer)
 
     shards: Supervisor[int, Begin] = runtime.keyed("idempotency", shard, mailbox_size=256)
-    return IdempotencyKeys(shards, config.idempotency_shards, sealer)
+    releases = Releases(db, config.idempotency_lock_seconds)
+    runtime.singleton("idempotency-releases", releases.run)
+    return IdempotencyKeys(shards, config.idempotency_shards, sealer, releases)
 
 
 __all__ = [
-    "Decision", "IdempotencyKeys", "Proceed", "Refuse", "Replay", "Running", "RunningKeys",
+    "Decision", "IdempotencyKeys", "Proceed", "Refuse", "Releases", "Replay", "Running",
+    "RunningKeys",
     "answer_held", "decide", "start_idempotency",
 ]

@@ -49,6 +49,7 @@ from tidings.http.routing import MUTATING, NO_CONNECTION, Call, Finish, Route
 from tidings.storage import idempotency as records
 from tidings.storage import tokens as token_store
 from tidings.storage.db import AsyncioConnection, Connection
+from tidings.storage.errors import unavailable
 from tidings.storage.tokens import Token
 
 if TYPE_CHECKING:
@@ -249,10 +250,19 @@ async def run_idempotent(
         return json_response(status, body, headers)
     finally:
         if not stored:
-            # The request failed: forget the claim so that a retry runs again.
+            # The request failed: forget the claim so that a retry runs again
+            # (once storage answers, if it does not now).
+            released = False
             with trio.move_on_after(5, shield=True):
-                async with service.db.acquire() as conn:
-                    await records.release(conn, token.id, key, claim)
+                try:
+                    async with service.db.acquire() as conn:
+                        await records.release(conn, token.id, key, claim)
+                    released = True
+                except Exception as error:
+                    if not unavailable(error):
+                        log.exception("the claim of a failed request could not be released")
+            if not released:
+                service.idempotency.releases.later(token.id, key, claim)
 
 
 async def _refused_input(
