@@ -1,23 +1,28 @@
 """``tidings serve`` refuses at start a number of processes whose connections
-could exceed PostgreSQL's ``max_connections``, and bounds ``--workers``."""
+could exceed PostgreSQL's ``max_connections`` (or the CONNECTION LIMIT of its
+role), and bounds ``--workers``."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import trio
+import triopg
 
+from tests.roles import url_as
 from tests.test_e2e import free_port, service_env
 from tidings.config import Config
-from tidings.service import Service
-from tidings.workers import (
-    MAX_WORKERS,
+from tidings.connection_limits import (
     OWN_CONNECTIONS,
     connection_shortfall,
     connections_per_process,
 )
+from tidings.http.system import Readiness
+from tidings.service import Service
+from tidings.workers import MAX_WORKERS
 
 
 async def test_own_connections_are_the_listeners_of_a_running_service(
@@ -81,3 +86,37 @@ async def test_one_process_beyond_the_limit_is_refused(tmp_path: Path) -> None:
 async def test_workers_are_bounded(tmp_path: Path) -> None:
     stderr = await refused(["--workers", str(MAX_WORKERS + 1)], service_env(tmp_path / "data"))
     assert f"tidings: --workers must be 1 to {MAX_WORKERS}" in stderr
+
+
+async def test_a_roles_connection_limit_refuses_a_start_beyond_it(
+    tmp_path: Path, database_url: str
+) -> None:
+    role = f"limited_{uuid.uuid4().hex[:12]}"
+    async with triopg.connect(database_url) as conn:
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 12')
+    try:
+        as_role = url_as(database_url, role)
+        env = {**service_env(tmp_path / "data"), "DATABASE_URL": as_role}
+        stderr = await refused([], env)
+        assert f"but the role {role} may have 12 (its CONNECTION LIMIT)" in stderr
+        assert "raise the role's CONNECTION LIMIT" in stderr
+        assert "Traceback" not in stderr
+    finally:
+        async with triopg.connect(database_url) as conn:
+            await conn.execute(f'DROP ROLE "{role}"')
+
+
+async def test_readiness_names_a_refusal_for_too_many_connections(
+    database_url: str, asyncio_bridge: None
+) -> None:
+    role = f"full_{uuid.uuid4().hex[:12]}"
+    async with triopg.connect(database_url) as conn:
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 0')
+    try:
+        as_role = url_as(database_url, role)
+        problem = await Readiness(as_role).problem()
+        assert problem == (f'storage refuses more connections (too many connections for role '
+                           f'"{role}")')
+    finally:
+        async with triopg.connect(database_url) as conn:
+            await conn.execute(f'DROP ROLE "{role}"')

@@ -273,3 +273,12 @@ def test_an_sms_lease_outlasts_the_providers_longest_answer() -> None:
         Config.from_env({"TIDINGS_SMS_LEASE_SECONDS": "10"})
     assert str(refused.value).startswith("TIDINGS_SMS_LEASE_SECONDS must "), str(refused.value)
     assert Config.from_env({"TIDINGS_SMS_LEASE_SECONDS": "20"}).sms_lease_seconds == 20
+
+
+def test_a_password_with_an_at_sign_not_encoded_says_how_to_write_it() -> None:
+    with pytest.raises(SettingError) as raised:
+        Config.from_env({"DATABASE_URL": "postgresql://tidings:k7@q:z9@127.0.0.1:5432/db"})
+    message = str(raised.value)
+    assert "DATABASE_URL has a bad port" in message
+    assert "percent-encoded: %40" in message
+    assert "k7" not in message and "z9" not in message  # the password stays hidden

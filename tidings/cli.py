@@ -55,7 +55,7 @@ async def run_until_signal(
     config: Config, host: str, port: int, reuse_port: bool = False, *,
     check_limit: bool = False,
 ) -> None:
-    """Serve until a signal; ``check_limit``: first check_connections (tidings.workers)."""
+    """Serve until a signal; ``check_limit``: first ``check_connections``."""
     stop = trio.Event()
 
     async def watch_signals(cancel_scope: trio.CancelScope) -> None:

@@ -201,7 +201,10 @@ def _database_url(env: Mapping[str, str]) -> str | None:
             ports.append(unquote(spec.partition(":")[2]))
     for text in ports:
         if text and _port(text) is None:
-            raise SettingError(f"DATABASE_URL has a bad port (1 to 65535): {shown_url(raw)!r}")
+            raise SettingError(
+                f"DATABASE_URL has a bad port (1 to 65535): {shown_url(raw)!r} (a password "
+                "with @ : / ? # is written percent-encoded: %40 %3A %2F %3F %23)"
+            )
     return raw
 
 

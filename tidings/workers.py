@@ -16,7 +16,7 @@ would fail on the other workers.
 
 Before any worker starts (and before a single ``tidings serve`` opens its
 pools) the server's connection limit is checked against what the processes
-may open at most (:func:`check_connections`).
+may open at most (``tidings.connection_limits``).
 
 A worker that exits on its own (a crash, an out-of-memory kill) is replaced
 by a new one while the others go on serving; its work is picked up from
@@ -50,6 +50,7 @@ import triopg
 
 from tidings import MULTIPROC_ENV, PARENT_ENV
 from tidings.config import Config
+from tidings.connection_limits import check_connections
 from tidings.sealing import HANDED_KEY_ENV, load_key
 from tidings.storage.db import WATCH_SECONDS, open_asyncio_bridge, resolve_url
 from tidings.storage.embedded import keep_embedded_running
@@ -69,84 +70,6 @@ RESTART_WINDOW_SECONDS = 60.0
 MAX_WORKERS = 64
 # The directory a set's workers keep their shared metrics in, then the parent's pid.
 METRICS_DIR_PREFIX = "tidings-metrics-"
-# Connections a process opens besides its two pools of TIDINGS_DB_POOL_SIZE
-# (the trio side's and the storage units', tidings.storage.db): one LISTEN
-# per due work's dispatcher (emails 2, SMS 2, webhooks 1, broadcasts 1), the
-# token revocation listener, and /readyz's check (one at a time).
-# tests/test_connection_limit.py counts them on a running service.
-OWN_CONNECTIONS = 8
-
-CONNECTION_LIMIT = """
-SELECT current_setting('max_connections')::int AS max_connections,
-       current_setting('superuser_reserved_connections')::int AS superuser_reserved,
-       coalesce(current_setting('reserved_connections', true), '0')::int AS reserved,
-       (SELECT count(*) FROM pg_stat_activity
-         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid())::int AS others
-"""
-
-
-def connections_per_process(config: Config) -> int:
-    """The most connections one ``tidings serve`` process opens at once."""
-    return 2 * config.db_pool_size + OWN_CONNECTIONS
-
-
-def connection_shortfall(
-    config: Config, count: int, max_connections: int, reserved: int
-) -> str | None:
-    """Why ``count`` processes do not fit in the server's ``max_connections``
-    minus the ``reserved`` slots (for superusers and roles with
-    pg_use_reserved_connections), in one line; None when they fit."""
-    each = connections_per_process(config)
-    allowed = max_connections - reserved
-    if count * each <= allowed:
-        return None
-    processes = f"--workers {count}" if count > 1 else "one process"
-    fit = max(0, allowed // each)
-    return (
-        f"{processes} may open up to {count * each} connections to PostgreSQL ({each} "
-        f"per process: two pools of TIDINGS_DB_POOL_SIZE={config.db_pool_size} and "
-        f"{OWN_CONNECTIONS} of its own), but the server allows {allowed} (max_connections "
-        f"{max_connections} minus {reserved} reserved); use --workers {fit} or fewer, a "
-        f"smaller TIDINGS_DB_POOL_SIZE, or raise the server's max_connections"
-    )
-
-
-async def check_connections(url: str, config: Config, count: int) -> None:
-    """Refuse (SystemExit, one line) ``count`` processes that together may
-    open more connections than the server at ``url`` allows.
-
-    Connections open now by other clients do not refuse a start (a set still
-    draining in a rolling deploy holds some for a moment): they only log a
-    warning when what is left of the limit is too little.
-    """
-    async with open_asyncio_bridge(), triopg.connect(url) as conn:
-        row = await conn.fetchrow(CONNECTION_LIMIT)
-    reserved = row["superuser_reserved"] + row["reserved"]
-    problem = connection_shortfall(config, count, row["max_connections"], reserved)
-    if problem is not None:
-        raise SystemExit(f"tidings: {problem}")
-    needed = count * connections_per_process(config)
-    left = row["max_connections"] - reserved - row["others"]
-    if needed > left:
-        log.warning(
-            "%d connections to PostgreSQL are open by other clients: %d are left of its "
-            "limit, and these processes may need up to %d", row["others"], left, needed)
-    # Once the database answered: a command that cannot reach it says only that.
-    warn_of_unshared_key(config)
-
-
-def warn_of_unshared_key(config: Config) -> None:
-    """With DATABASE_URL but no TIDINGS_SECRET_KEY: one warning that processes
-    elsewhere on the same database cannot replay what this one sealed."""
-    if config.database_url and config.secret_key is None:
-        log.warning(
-            "TIDINGS_SECRET_KEY is not set: replayable responses that show a secret are "
-            "sealed with a key made for this run (and handed to its workers), which "
-            "processes on other hosts using the same database do not have (their replays "
-            "get 409); set the same TIDINGS_SECRET_KEY in every process"
-        )
-
-
 async def resolve_checked_url(config: Config, count: int) -> str:
     """The database's URL (starting the embedded server if it is the one),
     once :func:`check_connections` has let ``count`` processes use it."""

@@ -16,6 +16,7 @@ import math
 import weakref
 from typing import TYPE_CHECKING, Any, Literal
 
+import asyncpg
 import trio
 import triopg
 from pydantic import BaseModel
@@ -69,6 +70,8 @@ class Readiness:
                     self._missing = await missing_migrations(conn)
         except trio.TooSlowError:
             self._storage = f"storage did not answer within {READY_TIMEOUT_SECONDS:g} s"
+        except asyncpg.TooManyConnectionsError as error:
+            self._storage = f"storage refuses more connections ({error})"
         except Exception:
             self._storage = "storage is unreachable"
 

@@ -68,7 +68,10 @@ async def migrate(conn: Connection) -> list[str]:
     """
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
     try:
-        await conn.execute(CREATE_MIGRATIONS_TABLE)
+        # Only if missing: CREATE TABLE IF NOT EXISTS needs the right to
+        # create, which a role that only uses a migrated database lacks.
+        if not await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+            await conn.execute(CREATE_MIGRATIONS_TABLE)
         applied = {row["version"] for row in await conn.fetch(SELECT_APPLIED)}
         done = []
         for migration in load_migrations():
