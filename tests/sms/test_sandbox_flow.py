@@ -135,10 +135,11 @@ async def test_stop_without_a_contact_is_a_phone_suppression(
 ) -> None:
     ok(await sms_client.post("/sender-ids", json={"value": "+14155550100",
                                                   "type": "long_code"}), 201)
-    for word in ("STOP", "stopall", "Unsubscribe.", "cancel", "END", "quit"):
-        await inbound(http, From=NUMBER, To="+14155550100", Body="START", MessageSid="SM0")
+    for n, word in enumerate(("STOP", "stopall", "Unsubscribe.", "cancel", "END", "quit")):
+        await inbound(http, From=NUMBER, To="+14155550100", Body="START", MessageSid=f"SMa{n}")
         await send(sms_client)
-        answer = await inbound(http, From=NUMBER, To="+14155550100", Body=word, MessageSid="SM1")
+        answer = await inbound(http, From=NUMBER, To="+14155550100", Body=word,
+                               MessageSid=f"SMb{n}")
         assert answer.status_code == 200
         refused = await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"})
         assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
@@ -313,3 +314,29 @@ async def test_an_attempts_own_statuses_carry_the_time_of_its_answer(service: Se
     stamped = [r.occurred_at for r in attempted.reports]
     assert all(at is not None and at >= before for at in stamped), stamped
     assert max(at for at in stamped if at) < min(f.due_at for f in attempted.followups)
+
+
+async def test_a_reply_sent_again_or_replayed_changes_consent_once(
+    sms_client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    # Twilio sends a webhook again when its answer is lost, and a signature
+    # has no time in it: a START copied from the wire and replayed after the
+    # number's later STOP must not opt it back in.
+    ok(await sms_client.post("/sender-ids", json={"value": "+14155550100",
+                                                  "type": "long_code"}), 201)
+    start = {"From": NUMBER, "To": "+14155550100", "Body": "START", "MessageSid": "SMstart"}
+    stop = {"From": NUMBER, "To": "+14155550100", "Body": "STOP", "MessageSid": "SMstop"}
+    assert (await inbound(http, **stop)).status_code == 200
+    assert (await inbound(http, **start)).status_code == 200
+    await send(sms_client)  # opted back in
+    assert (await inbound(http, **stop | {"MessageSid": "SMstop2"})).status_code == 200
+    replayed = await inbound(http, **start)
+    assert replayed.status_code == 200 and "<Response>" in replayed.text
+    refused = await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"})
+    assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+    [suppression] = ok(await sms_client.get("/suppressions"))["data"]
+    assert suppression["reason"] == "sms_opt_out"
+    # And a STOP replayed after a START does not opt the number out again.
+    assert (await inbound(http, **start | {"MessageSid": "SMstart2"})).status_code == 200
+    assert (await inbound(http, **stop)).status_code == 200
+    await send(sms_client)

@@ -127,10 +127,12 @@ async def twilio_inbound(service: Service) -> Response:
         return twiml()
     # Twilio gives E.164; a number without its "+" is the same sender ID.
     teams = await service.db.run(sender_ids.teams_of_sender, sender_spellings(form.get("To", "")))
+    # Twilio's id of the reply: a request sent again, or replayed, counts once.
+    reply = (form.get("MessageSid") or form.get("SmsSid") or "").strip() or None
     if action == "opt_out":
-        await service.db.run(sms_consent.opt_out, teams, phone, None)
+        await service.db.run(sms_consent.opt_out, teams, phone, None, reply=reply)
     elif action == "opt_in":
-        await service.db.run(sms_consent.opt_in, teams, phone)
+        await service.db.run(sms_consent.opt_in, teams, phone, reply=reply)
     else:
         names = await service.db.run(sms_consent.team_names, teams)
         team = sorted(names.values())[0] if names else "Tidings"

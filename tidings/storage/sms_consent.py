@@ -34,6 +34,10 @@ from uuid import UUID
 from tidings.storage.connection import Connection, returned
 
 SOURCE = "keyword"
+APPLIED = """
+INSERT INTO sms_replies_applied (message_sid) VALUES ($1)
+ON CONFLICT (message_sid) DO NOTHING RETURNING true
+"""
 
 # "stop" in ASCII: the class of the teams' consent locks (two-key advisory
 # locks, apart from the one-key migration lock); the second key is the team's.
@@ -120,23 +124,40 @@ async def hold_consent_lock(conn: Connection, team_ids: Sequence[UUID]) -> None:
 
 
 async def opt_out(
-    conn: Connection, team_ids: Sequence[UUID], phone: str, source_message_id: UUID | None
+    conn: Connection, team_ids: Sequence[UUID], phone: str, source_message_id: UUID | None,
+    *, reply: str | None = None,
 ) -> ConsentChange:
-    """The teams must not text ``phone`` (E.164) any more."""
+    """The teams must not text ``phone`` (E.164) any more. ``reply``: the
+    provider's id of the reply that asked, applied once (see ``first_time``)."""
     async with conn.transaction():
         await hold_consent_lock(conn, team_ids)
+        if not await first_time(conn, reply):
+            return ConsentChange(0, 0)
         row = returned(
             await conn.fetchrow(OPT_OUT, list(team_ids), phone, source_message_id, SOURCE)
         )
     return ConsentChange(row["suppressions"], row["contacts"])
 
 
-async def opt_in(conn: Connection, team_ids: Sequence[UUID], phone: str) -> ConsentChange:
-    """``phone`` asked the teams to text it again."""
+async def opt_in(
+    conn: Connection, team_ids: Sequence[UUID], phone: str, *, reply: str | None = None
+) -> ConsentChange:
+    """``phone`` asked the teams to text it again (``reply`` as for ``opt_out``)."""
     async with conn.transaction():
         await hold_consent_lock(conn, team_ids)
+        if not await first_time(conn, reply):
+            return ConsentChange(0, 0)
         row = returned(await conn.fetchrow(OPT_IN, list(team_ids), phone, SOURCE))
     return ConsentChange(row["suppressions"], row["contacts"])
+
+
+async def first_time(conn: Connection, reply: str | None) -> bool:
+    """In the keyword's transaction: whether the reply with this id is applied
+    for the first time (marked so, with the change it makes). A request sent
+    again, or replayed, changes consent once."""
+    if reply is None:
+        return True
+    return bool(await conn.fetchval(APPLIED, reply))
 
 
 async def share_consent_lock(conn: Connection, team_id: UUID) -> None:
