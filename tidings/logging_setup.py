@@ -8,10 +8,11 @@ import json
 import logging
 import re
 import sys
-import uuid
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
+
+from tidings.ids import new_id
 
 ACCESS = logging.getLogger("tidings.access")
 
@@ -29,7 +30,7 @@ def choose_request_id(sent: str | None) -> str:
     """The client's X-Request-Id when it is sane (1-128 of ``A-Za-z0-9._:-``), else a new one."""
     if sent is not None and _ACCEPTED_ID.fullmatch(sent):
         return sent
-    return uuid.uuid4().hex
+    return new_id().hex
 
 
 class _RequestIdFilter(logging.Filter):

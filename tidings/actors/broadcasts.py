@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import trio
 
@@ -35,6 +35,7 @@ from tidings.actors.service_keys import SharedKey
 from tidings.actors.supervisor import Actor
 from tidings.addresses import Mailbox as Sender
 from tidings.config import Config
+from tidings.ids import new_id
 from tidings.storage import broadcasts_fanout as fanout
 from tidings.storage.broadcasts import DUE_CHANNEL, Broadcast
 from tidings.storage.broadcasts_batch import Batch, queue_counted
@@ -61,7 +62,7 @@ class Broadcasts:
         self.config = config
         self.emails = emails
         # Leases this process writes carry this id.
-        self.owner = uuid4()
+        self.owner = new_id()
         self.fanout: Due[UUID] | None = None
         self._key = SharedKey(db, config.secret_key, KEY_NAME, TokenKey, TokenKey.derived)
 

@@ -21,7 +21,7 @@ import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from tidings.actors.drain import Drain
 from tidings.actors.duework import Due, DueWork, LeasedWorker
@@ -30,6 +30,7 @@ from tidings.actors.runtime import Runtime
 from tidings.actors.service_keys import SharedKey
 from tidings.config import Config
 from tidings.email.bounce_addresses import KEY_NAME, BounceKey
+from tidings.ids import new_id
 from tidings.providers.email import (
     Deferral,
     DkimKey,
@@ -57,7 +58,7 @@ class Emails:
         self.config = config
         self.provider = provider
         # Leases this process writes carry this id.
-        self.owner = uuid4()
+        self.owner = new_id()
         self.senders: Due[UUID] | None = None
         self.followups: Due[str] | None = None
         # Attempts by what they recorded: sent, retrying, failed, suppressed.

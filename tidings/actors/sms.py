@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import UTC, datetime, timedelta
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import trio
 
@@ -39,6 +39,7 @@ from tidings.actors.drain import Drain
 from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
 from tidings.actors.runtime import Runtime
 from tidings.config import Config
+from tidings.ids import new_id
 from tidings.providers.sms import (
     MAX_RETRY_AFTER,
     AnswerLost,
@@ -71,7 +72,7 @@ class SmsSide:
         self.config = config
         self.provider = provider
         # Leases this process writes carry this id.
-        self.owner = uuid4()
+        self.owner = new_id()
         self.senders: Due[UUID] | None = None
         self.followups: Due[str] | None = None
         # Attempts by what they recorded: submitted, retrying, failed, ...

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import httpx
 import trio
@@ -33,6 +33,7 @@ from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker, Wake
 from tidings.actors.mailbox import Mailbox
 from tidings.actors.runtime import Runtime
 from tidings.config import Config
+from tidings.ids import new_id
 from tidings.storage import webhook_delivery as store
 from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
@@ -85,7 +86,7 @@ class Webhooks:
         self.config = config
         self.guard = guard
         # Leases this process writes carry this id.
-        self.owner = uuid4()
+        self.owner = new_id()
         # Long enough for an attempt to finish (the timeout) and be recorded.
         self.lease_seconds = 2 * config.webhook_timeout_seconds + 5
         # The schedule's first number: the wait before a delivery's first attempt.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import binascii
 import re
-import secrets
 from datetime import UTC, datetime
 from email.header import Header
 from email.utils import format_datetime, getaddresses
@@ -26,6 +25,7 @@ from uuid import UUID
 
 from tidings.addresses import display, wire_address
 from tidings.html_text import html_to_text
+from tidings.ids import token_hex
 
 CRLF = b"\r\n"
 # Headers Tidings writes itself; a caller's header of the same name is dropped.
@@ -210,7 +210,7 @@ def build_message(
     if html is None:
         lines.append(_part("plain", text or ""))
     else:
-        boundary = f"=_tidings_{secrets.token_hex(12)}"
+        boundary = f"=_tidings_{token_hex(12)}"
         lines += [
             f'Content-Type: multipart/alternative; boundary="{boundary}"'.encode(),
             b"",

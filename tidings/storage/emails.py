@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import getaddresses
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
+from tidings.ids import new_id
 from tidings.storage.connection import Connection
 from tidings.storage.events import FANOUT
 from tidings.webhooks.catalogue import EVENT_TYPES
@@ -77,7 +78,7 @@ class Change:
     data: dict[str, Any]
     code: str | None = None
     message: str | None = None
-    id: UUID = field(default_factory=uuid4)
+    id: UUID = field(default_factory=new_id)
 
 
 def event_data(

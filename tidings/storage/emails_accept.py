@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from tidings.config import QuotaDefaults
 from tidings.email.names import domain_name
+from tidings.ids import new_id
 from tidings.storage import quotas
 from tidings.storage.connection import Connection, Row, returned
 from tidings.storage.emails import (
@@ -158,7 +159,7 @@ class NewEmail:
     template_id: UUID | None = None
     template_version_id: UUID | None = None
     suppressed: list[str] = field(default_factory=list)
-    id: UUID = field(default_factory=uuid4)
+    id: UUID = field(default_factory=new_id)
 
     @property
     def status(self) -> str:

@@ -16,8 +16,9 @@ attempts, and the loser rolls back and answers from the winner's record
 from __future__ import annotations
 
 from dataclasses import dataclass
-from uuid import UUID, uuid4
+from uuid import UUID
 
+from tidings.ids import new_id
 from tidings.storage.connection import Connection
 
 # One round trip: claim the key (new, or its old record past retention), or
@@ -134,7 +135,7 @@ async def begin(
     retention_seconds: float,
 ) -> Attempt:
     """Claim ``key`` for a new request, or report what already holds it."""
-    claim = uuid4()
+    claim = new_id()
     # A claim made on its own, outside a transaction (as every caller does),
     # commits without waiting for its WAL to reach the disk: it is visible to
     # a concurrent duplicate at once all the same, and nothing that depends on
@@ -166,7 +167,7 @@ async def record(
     """Store a storage unit's response in its transaction. False when a live
     record holds the key: the caller rolls back and answers from it."""
     row = await conn.fetchrow(
-        RECORD, scope, key, fingerprint, uuid4(), retention_seconds, status, body
+        RECORD, scope, key, fingerprint, new_id(), retention_seconds, status, body
     )
     return row is not None
 

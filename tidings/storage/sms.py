@@ -13,9 +13,10 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from tidings.config import QuotaDefaults
+from tidings.ids import new_id
 from tidings.storage import quotas
 from tidings.storage.connection import Connection, Row, returned
 from tidings.storage.emails import Clock
@@ -151,7 +152,7 @@ class NewSms:
     provider: str
     metadata: dict[str, Any] | None
     scheduled_at: datetime | None
-    id: UUID = field(default_factory=uuid4)
+    id: UUID = field(default_factory=new_id)
 
 
 @dataclass(frozen=True)

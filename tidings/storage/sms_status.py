@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
+from tidings.ids import new_id
 from tidings.providers.sms import SmsStatus
 from tidings.sms_states import FINAL, furthest, may_move
 from tidings.storage.connection import Connection, Row
@@ -181,7 +182,7 @@ class Change:
     data: dict[str, Any]
     code: str | None = None
     message: str | None = None
-    id: UUID = field(default_factory=uuid4)
+    id: UUID = field(default_factory=new_id)
 
 
 def change_args(changes: Sequence[Change]) -> list[Any]:
