@@ -230,6 +230,7 @@ async def test_same_key_while_processing_is_a_conflict(
         assert second.status_code == 409
         assert second.json()["error"]["code"] == "CONFLICT"
         assert "still processing" in second.json()["error"]["message"]
+        assert second.headers["Retry-After"] == "1"  # when to ask again
     assert results[0].status_code == 201
     replay = await post(client, {"email": "slow@example.com"}, "slow")
     assert replay.content == results[0].content

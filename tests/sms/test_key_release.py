@@ -59,6 +59,9 @@ async def test_a_sync_that_failed_with_storage_down_frees_its_key_once_storage_i
     async with trio.open_nursery() as attempts:
         attempts.start_soon(first_attempt)
         await asked.wait()  # its key is claimed; Twilio is being asked
+        beside = await client.post(sync, headers=key)
+        assert beside.status_code == 409 and "still processing" in beside.text
+        assert beside.headers["Retry-After"] == "1"
         proxy.cut()  # and storage goes down before it can record the answer
         answer.set()
     assert failed[0].status_code == 503

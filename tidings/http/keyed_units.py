@@ -60,6 +60,14 @@ class _Held(Exception):
     """A live record holds the key: roll back and answer from it."""
 
 
+def refusal(message: str) -> ApiError:
+    """409 CONFLICT for a request whose key is held. One still processing
+    says when to ask again (``Retry-After``), which the others do not need:
+    an expired attempt may be retried at once, a different request never."""
+    headers = {"Retry-After": "1"} if message == STILL_PROCESSING else None
+    return ApiError(409, "CONFLICT", message, headers)
+
+
 def render(route: Route, result: Any) -> Rendered:
     """A handler's result as the status, body and headers of its answer."""
     if isinstance(result, Answer):
@@ -90,7 +98,7 @@ async def run_keyed(
             answer = await _attempt(conn, call, route, kwargs, key, fingerprint, running)
             if answer is not None:
                 return answer
-        raise conflict(STILL_PROCESSING)
+        raise refusal(STILL_PROCESSING)
     finally:
         keys.running.leave(scope, key, running)
 
@@ -108,10 +116,10 @@ async def _beside(
     if held is not None:
         return await _answer_from(conn, call, key, fingerprint, held)
     if running.fingerprint != fingerprint:
-        raise conflict(DIFFERENT_REQUEST)  # never takes the key from that attempt
+        raise refusal(DIFFERENT_REQUEST)  # never takes the key from that attempt
     if keys.running.expire(scope, key, running, call.service.config.idempotency_lock_seconds):
-        raise conflict(LOCK_EXPIRED)
-    raise conflict(STILL_PROCESSING)
+        raise refusal(LOCK_EXPIRED)
+    raise refusal(STILL_PROCESSING)
 
 
 async def refused_input(
@@ -126,7 +134,7 @@ async def refused_input(
         return await _answer_from(conn, call, key, fingerprint, held)
     running = call.service.idempotency.running.get(call.token.id, key)
     if running is not None and running.fingerprint != fingerprint:
-        raise conflict(DIFFERENT_REQUEST)
+        raise refusal(DIFFERENT_REQUEST)
     return None
 
 
@@ -143,7 +151,7 @@ async def _answer_from(
     if isinstance(decision, Replay):
         return decision.status, decision.body, {"Idempotent-Replayed": "true"}
     assert isinstance(decision, Refuse)  # a held key is replayed or refused
-    raise conflict(decision.message)
+    raise refusal(decision.message)
 
 
 async def _attempt(

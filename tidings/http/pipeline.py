@@ -42,7 +42,7 @@ from tidings.http.idempotency_key import (
     idempotency_key,
     one_key_header,
 )
-from tidings.http.keyed_units import Rendered, refused_input, render, run_keyed
+from tidings.http.keyed_units import Rendered, refusal, refused_input, render, run_keyed
 from tidings.http.parsing import arguments, parse_path, query_values, read_body
 from tidings.http.ratelimit import NO_TOKEN, RateLimiter
 from tidings.http.routing import MUTATING, NO_CONNECTION, Call, Finish, Route
@@ -224,7 +224,7 @@ async def run_idempotent(
         case Replay(status=status, body=body):
             return json_response(status, body, {"Idempotent-Replayed": "true"})
         case Refuse(message=message):
-            raise conflict(message)
+            raise refusal(message)
         case Proceed(claim=claim):
             pass
     stored = False
