@@ -99,6 +99,8 @@ async def test_a_roles_connection_limit_refuses_a_start_beyond_it(
         env = {**service_env(tmp_path / "data"), "DATABASE_URL": as_role}
         stderr = await refused([], env)
         assert f"but the role {role} may have 12 (its CONNECTION LIMIT)" in stderr
+        assert "--workers 0" not in stderr  # not even one process fits: no such advice
+        assert "use a smaller TIDINGS_DB_POOL_SIZE" in stderr
         assert "raise the role's CONNECTION LIMIT" in stderr
         assert "Traceback" not in stderr
     finally:

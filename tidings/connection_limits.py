@@ -63,12 +63,13 @@ def connection_shortfall(
     if count * each <= allowed:
         return None
     processes = f"--workers {count}" if count > 1 else "one process"
-    fit = max(0, allowed // each)
+    fit = allowed // each
+    fewer = f"--workers {fit} or fewer, " if fit >= 1 else ""  # none fits: no such advice
     return (
         f"{processes} may open up to {count * each} connections to PostgreSQL ({each} "
         f"per process: two pools of TIDINGS_DB_POOL_SIZE={config.db_pool_size} and "
-        f"{OWN_CONNECTIONS} of its own), but {why}; use --workers {fit} or fewer, a "
-        f"smaller TIDINGS_DB_POOL_SIZE, or {remedy}"
+        f"{OWN_CONNECTIONS} of its own), but {why}; use {fewer}a smaller "
+        f"TIDINGS_DB_POOL_SIZE, or {remedy}"
     )
 
 
