@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import trio
-import triopg
 
-from tests.roles import url_as
+from tests.roles import login_role
 from tests.test_e2e import free_port, service_env
 from tidings.config import Config
 from tidings.connection_limits import (
@@ -91,34 +89,19 @@ async def test_workers_are_bounded(tmp_path: Path) -> None:
 async def test_a_roles_connection_limit_refuses_a_start_beyond_it(
     tmp_path: Path, database_url: str
 ) -> None:
-    role = f"limited_{uuid.uuid4().hex[:12]}"
-    async with triopg.connect(database_url) as conn:
-        await conn.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 12')
-    try:
-        as_role = url_as(database_url, role)
+    async with login_role(database_url, "limited", connection_limit=12) as (role, as_role):
         env = {**service_env(tmp_path / "data"), "DATABASE_URL": as_role}
         stderr = await refused([], env)
-        assert f"but the role {role} may have 12 (its CONNECTION LIMIT)" in stderr
-        assert "--workers 0" not in stderr  # not even one process fits: no such advice
-        assert "use a smaller TIDINGS_DB_POOL_SIZE" in stderr
-        assert "raise the role's CONNECTION LIMIT" in stderr
-        assert "Traceback" not in stderr
-    finally:
-        async with triopg.connect(database_url) as conn:
-            await conn.execute(f'DROP ROLE "{role}"')
+    assert f"but the role {role} may have 12 (its CONNECTION LIMIT)" in stderr
+    assert "--workers 0" not in stderr  # not even one process fits: no such advice
+    assert "use a smaller TIDINGS_DB_POOL_SIZE" in stderr
+    assert "raise the role's CONNECTION LIMIT" in stderr
+    assert "Traceback" not in stderr
 
 
 async def test_readiness_names_a_refusal_for_too_many_connections(
     database_url: str, asyncio_bridge: None
 ) -> None:
-    role = f"full_{uuid.uuid4().hex[:12]}"
-    async with triopg.connect(database_url) as conn:
-        await conn.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 0')
-    try:
-        as_role = url_as(database_url, role)
+    async with login_role(database_url, "full", connection_limit=0) as (role, as_role):
         problem = await Readiness(as_role).problem()
-        assert problem == (f'storage refuses more connections (too many connections for role '
-                           f'"{role}")')
-    finally:
-        async with triopg.connect(database_url) as conn:
-            await conn.execute(f'DROP ROLE "{role}"')
+    assert problem == f'storage refuses more connections (too many connections for role "{role}")'

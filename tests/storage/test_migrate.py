@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -10,7 +9,7 @@ import trio
 import triopg
 
 from tests.conftest import fresh_database
-from tests.roles import url_as
+from tests.roles import login_role
 from tidings.storage.migrate import load_migrations, migrate
 
 
@@ -120,16 +119,10 @@ async def test_a_migration_waiting_for_a_lock_gives_way_to_running_processes(
 
 async def test_a_role_that_may_not_create_runs_on_a_migrated_database(database_url: str) -> None:
     # A cautious operator's role: it uses the tables, it may not create any.
-    role = f"user_{uuid.uuid4().hex[:12]}"
-    async with triopg.connect(database_url) as conn:
-        await conn.execute(f'CREATE ROLE "{role}" LOGIN')
-        await conn.execute(f'REVOKE CREATE ON SCHEMA public FROM "{role}", PUBLIC')
-        await conn.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
-        await conn.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"')
-    try:
-        async with triopg.connect(url_as(database_url, role)) as conn:
-            assert await migrate(conn) == []  # nothing to apply, nothing created
-    finally:
+    async with login_role(database_url, "user") as (role, as_role):
         async with triopg.connect(database_url) as conn:
-            await conn.execute(f'DROP OWNED BY "{role}"')
-            await conn.execute(f'DROP ROLE "{role}"')
+            await conn.execute(f'REVOKE CREATE ON SCHEMA public FROM "{role}", PUBLIC')
+            await conn.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
+            await conn.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"')
+        async with triopg.connect(as_role) as conn:
+            assert await migrate(conn) == []  # nothing to apply, nothing created
