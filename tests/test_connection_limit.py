@@ -99,6 +99,18 @@ async def test_a_roles_connection_limit_refuses_a_start_beyond_it(
     assert "Traceback" not in stderr
 
 
+def test_the_shortfall_gives_only_advice_that_can_be_followed() -> None:
+    smallest = Config(db_pool_size=2)  # 12 connections a process
+    problem = connection_shortfall(smallest, 1, 100, 3, role=("lim", 9))
+    assert problem is not None
+    assert problem.endswith("but the role lim may have 9 (its CONNECTION LIMIT); "
+                            "raise the role's CONNECTION LIMIT")
+    problem = connection_shortfall(Config(db_pool_size=4), 3, 100, 3, role=("lim", 20))
+    assert problem is not None
+    assert problem.endswith("; use --workers 1 or fewer, a smaller TIDINGS_DB_POOL_SIZE, "
+                            "or raise the role's CONNECTION LIMIT")
+
+
 async def test_readiness_names_a_refusal_for_too_many_connections(
     database_url: str, asyncio_bridge: None
 ) -> None:

@@ -115,9 +115,11 @@ def test_every_operation_declares_its_errors_with_the_envelope() -> None:
     for path, methods in document()["paths"].items():
         for method, operation in methods.items():
             responses = operation["responses"]
-            # 431 (headers over 16 KiB) and 501 (a method spelled "post") on any request
-            for status in ("431", "500", "501", "503"):
+            # 431 (headers over 16 KiB) and 501 (a method spelled "post") on any
+            # request; 503 on any that may be shed or touches storage
+            for status in ("431", "500", "501"):
                 assert status in responses, (method, path, status)
+            assert ("503" in responses) is (path not in ("/livez", "/metrics")), (method, path)
             if "requestBody" in operation:  # a body that stalls is 408
                 assert "408" in responses, (method, path)
             if "security" not in operation:  # a team's token
@@ -269,3 +271,11 @@ def test_operations_of_the_spec_keep_its_path_parameter_names(method: str, path:
     operation = document()["paths"][path][method]
     named = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
     assert named == set(re.findall(r"\{(\w+)\}", path))
+
+
+def test_only_probes_that_check_storage_declare_503() -> None:
+    paths = document()["paths"]
+    assert "503" not in paths["/livez"]["get"]["responses"]  # the event loop alone
+    assert "503" not in paths["/metrics"]["get"]["responses"]
+    assert "503" in paths["/healthz"]["get"]["responses"]
+    assert "503" in paths["/readyz"]["get"]["responses"]

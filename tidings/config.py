@@ -11,6 +11,7 @@ from tidings.config_values import (
     LOG_FORMATS,
     LOG_LEVELS,
     MAX_POOL_SIZE,
+    MIN_POOL_SIZE,
     QuotaDefaults,
     SettingError,
     SmtpUrl,
@@ -153,7 +154,7 @@ class Config:
             database_url=_database_url(env),
             data_dir=Path(env.get("TIDINGS_DATA_DIR") or ".tidings"),
             db_pool_size=_int(
-                env, "TIDINGS_DB_POOL_SIZE", 10, minimum=2, maximum=MAX_POOL_SIZE
+                env, "TIDINGS_DB_POOL_SIZE", 10, minimum=MIN_POOL_SIZE, maximum=MAX_POOL_SIZE
             ),
             max_body_bytes=_int(env, "TIDINGS_MAX_BODY_BYTES", 1024 * 1024, minimum=1024),
             import_max_body_bytes=_int(

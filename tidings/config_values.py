@@ -58,6 +58,7 @@ def _int(
 # A pool of the storage connections: asyncpg allocates for its whole maximum
 # at start, so a size far above any server's connection limit is refused
 # rather than left to fill the memory.
+MIN_POOL_SIZE = 2
 MAX_POOL_SIZE = 1000
 # The slowest request rate a token can be held to (0 is no limit): below it,
 # Retry-After would be days.

@@ -9,6 +9,7 @@ import logging
 import triopg
 
 from tidings.config import Config
+from tidings.config_values import MIN_POOL_SIZE
 from tidings.storage.db import open_asyncio_bridge
 
 log = logging.getLogger("tidings")
@@ -64,12 +65,15 @@ def connection_shortfall(
         return None
     processes = f"--workers {count}" if count > 1 else "one process"
     fit = allowed // each
-    fewer = f"--workers {fit} or fewer, " if fit >= 1 else ""  # none fits: no such advice
+    # Only advice that can be followed: no "--workers 0", no pool below its minimum.
+    uses = [f"--workers {fit} or fewer"] if fit >= 1 else []
+    if config.db_pool_size > MIN_POOL_SIZE:
+        uses.append("a smaller TIDINGS_DB_POOL_SIZE")
+    advice = f"use {', '.join(uses)}, or {remedy}" if uses else remedy
     return (
         f"{processes} may open up to {count * each} connections to PostgreSQL ({each} "
         f"per process: two pools of TIDINGS_DB_POOL_SIZE={config.db_pool_size} and "
-        f"{OWN_CONNECTIONS} of its own), but {why}; use {fewer}a smaller "
-        f"TIDINGS_DB_POOL_SIZE, or {remedy}"
+        f"{OWN_CONNECTIONS} of its own), but {why}; {advice}"
     )
 
 

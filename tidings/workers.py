@@ -254,6 +254,7 @@ def _serve(
     log.info("started %d workers: %s", count, ", ".join(str(w.pid) for w in workers))
     restarts: list[float] = []
     waiting: set[int] = set()  # exited workers whose replacement waits for the database
+    database = DatabaseCheck(url)
     watched = time.monotonic()
     while True:
         if config.database_url is None and time.monotonic() - watched >= WATCH_SECONDS:
@@ -268,7 +269,7 @@ def _serve(
         for index, worker in enumerate(workers):
             if worker.poll() is None:
                 continue
-            if not trio.run(database_answers, url):
+            if not database.answers():
                 if worker.pid not in waiting:
                     waiting.add(worker.pid)
                     log.warning("worker %d exited with %d; the database does not answer: its "
@@ -289,9 +290,28 @@ def _serve(
         time.sleep(0.2)  # a signal runs ``note``; the next turn sees it
 
 
-async def database_answers(url: str) -> bool:
-    """Whether the database at ``url`` answers a query within 2 s."""
-    with trio.move_on_after(2):
+class DatabaseCheck:
+    """Whether the database answers, asked at most once a second whatever the
+    number of workers waiting for it, so that a server that hangs delays the
+    parent's turn (its signals, its watch) by a second at most."""
+
+    EVERY_SECONDS = 1.0
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._at = float("-inf")
+        self._answer = False
+
+    def answers(self) -> bool:
+        if time.monotonic() - self._at >= self.EVERY_SECONDS:
+            self._answer = trio.run(database_answers, self._url, self.EVERY_SECONDS)
+            self._at = time.monotonic()
+        return self._answer
+
+
+async def database_answers(url: str, within: float) -> bool:
+    """Whether the database at ``url`` answers a query within ``within`` seconds."""
+    with trio.move_on_after(within):
         try:
             async with open_asyncio_bridge(), triopg.connect(url) as conn:
                 return bool(await conn.fetchval("SELECT true"))

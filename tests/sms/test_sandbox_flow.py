@@ -340,3 +340,18 @@ async def test_a_reply_sent_again_or_replayed_changes_consent_once(
     assert (await inbound(http, **start | {"MessageSid": "SMstart2"})).status_code == 200
     assert (await inbound(http, **stop)).status_code == 200
     await send(sms_client)
+
+
+async def test_a_reply_whose_sid_is_no_twilio_sid_is_applied_without_being_kept(
+    sms_client: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    ok(await sms_client.post("/sender-ids", json={"value": "+14155550100",
+                                                  "type": "long_code"}), 201)
+    long_sid = "SM" + "a1" * 4500  # signed, but far longer than Twilio's 34 characters
+    stop = {"From": NUMBER, "To": "+14155550100", "Body": "STOP", "MessageSid": long_sid}
+    assert (await inbound(http, **stop)).status_code == 200
+    refused = await sms_client.post("/sms", json={"to": NUMBER, "from": "Acme", "body": "x"})
+    assert_error(refused, 422, "UNPROCESSABLE_ENTITY")
+    start = {**stop, "Body": "START", "MessageSid": "", "SmsSid": long_sid}
+    assert (await inbound(http, **start)).status_code == 200
+    await send(sms_client)

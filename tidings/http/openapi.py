@@ -13,6 +13,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json
 from tidings import __version__
 from tidings.http.models import RawContent
 from tidings.http.routing import MUTATING, Route
+from tidings.http.shedding import NEVER_UNAVAILABLE
 
 REF = "#/components/schemas/{model}"
 
@@ -118,7 +119,7 @@ def _names_ids(route: Route) -> bool:
 def error_statuses(route: Route, routes: Sequence[Route] = ()) -> list[int]:
     """Every error status the pipeline or the handler of ``route`` may answer
     (``routes``: all of them, which decide where a path is another's)."""
-    statuses = {431, 500, 501, 503}
+    statuses = {431, 500, 501} | (set() if route.path in NEVER_UNAVAILABLE else {503})
     if route.rule(routes) != route.rule():
         statuses.add(405)  # a parameter spelled as a sibling's literal name
     if route.body is not None or route.raw_body is not None:

@@ -46,6 +46,7 @@ MAX_FORM_BYTES = 64 * 1024
 # What X-Twilio-Signature holds: an HMAC-SHA1 in base64, 28 characters.
 _SIGNATURE = re.compile(r"\s*[A-Za-z0-9+/]{27}=\s*")
 _FORBIDDEN = "X-Twilio-Signature is missing or does not match"
+MAX_SID_LENGTH = 64
 OPT_OUT_TYPES: dict[str, Action] = {"STOP": "opt_out", "START": "opt_in", "HELP": "help"}
 
 
@@ -127,8 +128,11 @@ async def twilio_inbound(service: Service) -> Response:
         return twiml()
     # Twilio gives E.164; a number without its "+" is the same sender ID.
     teams = await service.db.run(sender_ids.teams_of_sender, sender_spellings(form.get("To", "")))
-    # Twilio's id of the reply: a request sent again, or replayed, counts once.
-    reply = (form.get("MessageSid") or form.get("SmsSid") or "").strip() or None
+    # Twilio's id of the reply (34 characters): a request sent again, or
+    # replayed, counts once. Anything longer is no id of Twilio's, and is
+    # not kept.
+    sid = (form.get("MessageSid") or form.get("SmsSid") or "").strip()
+    reply = sid if 0 < len(sid) <= MAX_SID_LENGTH else None
     if action == "opt_out":
         await service.db.run(sms_consent.opt_out, teams, phone, None, reply=reply)
     elif action == "opt_in":

@@ -70,6 +70,8 @@ DRAIN_SECONDS = 2.0
 PROBES = frozenset({"/healthz", "/livez", "/readyz", "/metrics"})
 # Public routes that never touch storage.
 STORAGE_FREE = PROBES | {"/metrics", "/openapi.json"}
+# Never shed and never touching storage: never answered 503.
+NEVER_UNAVAILABLE = frozenset({"/livez", "/metrics"})
 
 
 def _normalised(path: str) -> str:
