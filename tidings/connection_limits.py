@@ -29,12 +29,11 @@ SELECT current_setting('max_connections')::int AS max_connections,
          WHERE backend_type = 'client backend' AND pid <> pg_backend_pid())::int AS others,
        -- A CONNECTION LIMIT of the role or of the database (-1: none; a
        -- superuser is held by neither).
-       (SELECT CASE WHEN rolsuper THEN -1 ELSE rolconnlimit END
-        FROM pg_roles WHERE rolname = current_user) AS role_limit,
-       (SELECT CASE WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-                    THEN -1 ELSE datconnlimit END
-        FROM pg_database WHERE datname = current_database()) AS database_limit,
-       current_user AS role, current_database() AS database
+       CASE WHEN r.rolsuper THEN -1 ELSE r.rolconnlimit END AS role_limit,
+       CASE WHEN r.rolsuper THEN -1 ELSE d.datconnlimit END AS database_limit,
+       r.rolname AS role, d.datname AS database
+FROM pg_roles r, pg_database d
+WHERE r.rolname = current_user AND d.datname = current_database()
 """
 
 

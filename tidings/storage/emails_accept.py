@@ -85,31 +85,9 @@ SELECT (SELECT woken FROM woken),
         FROM (SELECT 1 FROM inserted WHERE status = 'queued' LIMIT 1) queued) AS senders
 """
 
-# ACCEPT and the quota's fast path in one statement ($29 the recipients to
-# count, $30/$31 the UTC day and month, $32/$33 the default limits): the
-# emails and their events are written only if a stripe counted them (or
-# there is nothing to count); otherwise nothing is, and the caller takes the
-# slow path.
-_QUOTA, _ = fast_claim_sql(
-    ready=" AND $29::bigint > 0",
-    team="$11::uuid", channel="'email'", n="$29::bigint", day="$30::date", month="$31::date",
-    per_day="$32::bigint", per_month="$33::bigint",
-)
-_COUNTED = "($29::bigint = 0 OR EXISTS (SELECT 1 FROM quota_counted))"
-ACCEPT_CLAIMING = f"""
-WITH {_QUOTA}, change AS ({CHANGE_ROWS} WHERE {_COUNTED}),
-{INSERTED.format(gate="WHERE " + _COUNTED)}, {RECORDED}
-SELECT (SELECT woken FROM woken),
-       (SELECT count(pg_notify('{DUE_CHANNEL}', $11::text))
-        FROM (SELECT 1 FROM inserted WHERE status = 'queued' LIMIT 1) queued) AS senders,
-       {_COUNTED} AS stored
-"""
-
-# ACCEPT_CHECK and ACCEPT_CLAIMING in one statement, for the common case
-# ($34 the domain names, $35 the addresses): stored only when every name is
-# a verified sending domain of the team and no address is suppressed (so the
-# emails were built with none suppressed), and a stripe counted them. When
-# ``checked`` is false nothing is written and the caller checks first.
+# What ACCEPT_CHECK finds, as a condition of one statement ($34 the domain
+# names, $35 the addresses): every name is a verified sending domain of the
+# team and no address is suppressed.
 _CHECKED = """
 checked AS (
     SELECT NOT EXISTS (SELECT 1 FROM unnest($34::text[]) n
@@ -118,20 +96,35 @@ checked AS (
        AND NOT EXISTS (SELECT 1 FROM unnest($35::text[]) a
                        JOIN suppressions s ON s.team_id = $11 AND s.address = lower(a)) AS ok
 )"""
-_HOPED, _ = fast_claim_sql(
-    ready=" AND $29::bigint > 0 AND (SELECT ok FROM checked)",
-    team="$11::uuid", channel="'email'", n="$29::bigint", day="$30::date", month="$31::date",
-    per_day="$32::bigint", per_month="$33::bigint",
-)
-_HOPED_COUNTED = f"((SELECT ok FROM checked) AND {_COUNTED})"
-ACCEPT_CHECKED_CLAIMING = f"""
-WITH {_CHECKED}, {_HOPED}, change AS ({CHANGE_ROWS} WHERE {_HOPED_COUNTED}),
-{INSERTED.format(gate="WHERE " + _HOPED_COUNTED)}, {RECORDED}
+
+
+def _claiming_sql(*, check: bool) -> str:
+    """ACCEPT and the quota's fast path in one statement ($29 the recipients
+    to count, $30/$31 the UTC day and month, $32/$33 the default limits): the
+    emails and their events are written only if a stripe counted them (or
+    there is nothing to count); otherwise nothing is, and the caller takes
+    the slow path. With ``check``, only if ``_CHECKED`` holds too (the emails
+    were built with no recipient suppressed); ``checked`` says whether it
+    did, and when not the caller checks first."""
+    ok = " AND (SELECT ok FROM checked)" if check else ""
+    quota, _ = fast_claim_sql(
+        ready=f" AND $29::bigint > 0{ok}",
+        team="$11::uuid", channel="'email'", n="$29::bigint", day="$30::date",
+        month="$31::date", per_day="$32::bigint", per_month="$33::bigint",
+    )
+    counted = f"(($29::bigint = 0 OR EXISTS (SELECT 1 FROM quota_counted)){ok})"
+    return f"""
+WITH {_CHECKED + ", " if check else ""}{quota}, change AS ({CHANGE_ROWS} WHERE {counted}),
+{INSERTED.format(gate="WHERE " + counted)}, {RECORDED}
 SELECT (SELECT woken FROM woken),
        (SELECT count(pg_notify('{DUE_CHANNEL}', $11::text))
         FROM (SELECT 1 FROM inserted WHERE status = 'queued' LIMIT 1) queued) AS senders,
-       {_HOPED_COUNTED} AS stored, (SELECT ok FROM checked) AS checked
+       {counted} AS stored{", (SELECT ok FROM checked) AS checked" if check else ""}
 """
+
+
+ACCEPT_CLAIMING = _claiming_sql(check=False)
+ACCEPT_CHECKED_CLAIMING = _claiming_sql(check=True)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at  timestamptz NOT NULL DEFAULT now()
 )
 """
+TABLE_EXISTS = "SELECT to_regclass('schema_migrations') IS NOT NULL"
 SELECT_APPLIED = "SELECT version FROM schema_migrations"
 INSERT_APPLIED = "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)"
 
@@ -70,7 +71,7 @@ async def migrate(conn: Connection) -> list[str]:
     try:
         # Only if missing: CREATE TABLE IF NOT EXISTS needs the right to
         # create, which a role that only uses a migrated database lacks.
-        if not await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+        if not await conn.fetchval(TABLE_EXISTS):
             await conn.execute(CREATE_MIGRATIONS_TABLE)
         applied = {row["version"] for row in await conn.fetch(SELECT_APPLIED)}
         done = []
@@ -106,6 +107,6 @@ async def _apply(conn: Connection, migration: Migration) -> None:
 
 async def missing_migrations(conn: Connection) -> list[str]:
     """The migrations this code has that the database lacks (all, without the table)."""
-    exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
+    exists = await conn.fetchval(TABLE_EXISTS)
     applied = {row["version"] for row in await conn.fetch(SELECT_APPLIED)} if exists else set()
     return [f"{m.version:04d}_{m.name}" for m in load_migrations() if m.version not in applied]
