@@ -197,3 +197,54 @@ async def test_a_singleton_that_returns_is_done(autojump_clock: Any) -> None:
         await trio.sleep(100)
     assert len(runs) == 1
     assert child.restarts == 0
+
+
+class FailsWhenCancelled:
+    """A child with two tasks, one of which fails as it is cancelled (as a
+    database call cut short raises the driver's error)."""
+
+    idle_timeout = None
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def _cut_short(self) -> None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            raise ConnectionRefusedError(111, "Connection refused") from None
+
+    async def run(self, _mailbox: object = None) -> None:
+        self.runs += 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            nursery.start_soon(self._cut_short)
+
+
+async def test_a_singleton_failing_as_the_runtime_stops_is_logged_not_raised(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    child = FailsWhenCancelled()
+    async with open_runtime(None) as runtime:  # type: ignore[arg-type]
+        runtime.singleton("dispatcher", child.run)
+        await trio.sleep(1)
+    assert child.runs == 1  # stopped, not restarted
+    assert any(
+        "dispatcher failed as it was stopped" in record.getMessage()
+        and isinstance(record.exc_info and record.exc_info[1], BaseExceptionGroup)
+        for record in caplog.records
+    )
+
+
+async def test_a_keyed_actor_failing_as_its_shutdown_is_cut_short_is_logged_not_raised(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    child = FailsWhenCancelled()
+    with trio.move_on_after(5) as scope:
+        async with open_supervisor("endpoints", lambda _key: child) as supervisor:
+            supervisor.start("a")
+            await trio.sleep(1)
+    assert scope.cancelled_caught  # its loop never finished: the scope cut it
+    assert child.runs == 1
+    assert any("actor endpoints['a'] failed as it was stopped" in record.getMessage()
+               for record in caplog.records)

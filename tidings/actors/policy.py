@@ -11,9 +11,12 @@ is restarted for as long as the process runs.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from dataclasses import dataclass
+
+log = logging.getLogger("tidings.actors")
 
 
 @dataclass(frozen=True)
@@ -82,3 +85,19 @@ class Restarts:
         delay = self._backoff.delay(self._failures)
         self._failures += 1
         return delay
+
+
+def stopping_part(raised: BaseExceptionGroup[BaseException], child: str) -> BaseException:
+    """What a child stopped while it failed raises on: the stop, its failure logged.
+
+    A child with tasks of its own can fail as a shutdown cancels it (a
+    database call cut short raises the driver's error, not the
+    cancellation), and what escapes is a group of both. That failure is not
+    a crash to restart, and raised on it would end the runtime's shutdown
+    with a traceback: it is logged, and the cancellation goes on.
+    """
+    failure, stop = raised.split(Exception)
+    if failure is not None:
+        log.warning("%s failed as it was stopped", child, exc_info=failure)
+    assert stop is not None  # a group of Exceptions alone is an ExceptionGroup
+    return stop

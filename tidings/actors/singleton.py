@@ -19,7 +19,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from tidings.actors.policy import DEFAULT_BACKOFF, Backoff, Intensity, Restarts
+from tidings.actors.policy import (
+    DEFAULT_BACKOFF,
+    Backoff,
+    Intensity,
+    Restarts,
+    stopping_part,
+)
 
 log = logging.getLogger("tidings.actors")
 
@@ -81,6 +87,8 @@ class Singleton:
                     log.exception("%s crashed; restarting in %.2fs", self.name, delay)
                     await trio.sleep(delay)
                     continue
+                except BaseExceptionGroup as stopped:
+                    raise stopping_part(stopped, self.name) from None
                 finally:
                     self._running = False
                 log.info("%s ended", self.name)

@@ -29,7 +29,13 @@ from tidings.actors.mailbox import (
     open_reply,
     wait_reply,
 )
-from tidings.actors.policy import DEFAULT_BACKOFF, Backoff, Intensity, Restarts
+from tidings.actors.policy import (
+    DEFAULT_BACKOFF,
+    Backoff,
+    Intensity,
+    Restarts,
+    stopping_part,
+)
 
 log = logging.getLogger("tidings.actors")
 
@@ -226,6 +232,8 @@ class Supervisor(Generic[K, M]):
                             await trio.sleep(delay)
                     entry.sleep_scope = None
                     continue
+                except BaseExceptionGroup as stopped:
+                    raise stopping_part(stopped, f"actor {self.name}[{key!r}]") from None
                 mailbox.finish_current()
                 # Ended by itself or idle. Messages that arrived meanwhile still
                 # need it; otherwise it is done. No checkpoint between this test
