@@ -248,3 +248,60 @@ async def test_a_keyed_actor_failing_as_its_shutdown_is_cut_short_is_logged_not_
     assert child.runs == 1
     assert any("actor endpoints['a'] failed as it was stopped" in record.getMessage()
                for record in caplog.records)
+
+
+class Outage:
+    """A child that cannot reach storage for its first ``crashes`` runs, then runs on."""
+
+    idle_timeout = None
+
+    def __init__(self, crashes: int) -> None:
+        self.crashes = crashes
+        self.runs: list[float] = []
+
+    async def run(self, _mailbox: object = None) -> None:
+        self.runs.append(trio.current_time())
+        if len(self.runs) <= self.crashes:
+            raise ConnectionRefusedError(111, "Connection refused")
+        await trio.sleep_forever()
+
+
+async def test_a_singleton_retries_at_least_every_second_while_storage_is_down(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    down = Outage(crashes=200)
+    async with open_runtime(None) as runtime:  # type: ignore[arg-type]
+        runtime.singleton("dispatcher", down.run)  # the default backoff
+        await trio.sleep(120)
+    gaps = [later - earlier for earlier, later in pairwise(down.runs)]
+    # 0.1, 0.2, 0.4, 0.8 s (each ±10 %), then never more than a second.
+    assert len(gaps) > 100
+    assert max(gaps) == pytest.approx(1)
+    # One line for the outage, not a traceback a second.
+    assert [r.levelname for r in caplog.records if "dispatcher" in r.getMessage()] == ["WARNING"]
+    assert "storage is unavailable (" in caplog.records[0].getMessage()
+
+
+async def test_crashes_on_a_storage_outage_do_not_give_a_keyed_actor_up(
+    autojump_clock: Any,
+) -> None:
+    down = Outage(crashes=50)
+    given_up: list[object] = []
+
+    async def on_give_up(key: object, _error: Exception) -> None:
+        given_up.append(key)
+
+    with trio.move_on_after(200):  # its loop ignores the shutdown: the scope ends it
+        async with open_supervisor(
+            "fanout", lambda _key: down, backoff=STEADY,
+            intensity=Intensity(restarts=2, within=60), on_give_up=on_give_up,
+        ) as supervisor:
+            supervisor.start("b")
+            await trio.sleep(100)
+            # 50 crashes within 60 s, against an intensity of 2: it runs on.
+            assert len(down.runs) == 51
+            assert supervisor.is_running("b")
+            assert given_up == []
+            # Capped at STEADY's outage_retry (1 s), not its 8 s maximum.
+            assert max(b - a for a, b in pairwise(down.runs)) == pytest.approx(1)
+    assert supervisor.given_up == 0

@@ -1,7 +1,11 @@
 """Restart policies: how a supervised child is restarted, and when it is given up.
 
 A child that crashes (an ``Exception`` escapes it) is restarted after a
-capped exponential backoff with jitter. With an :class:`Intensity` a child
+capped exponential backoff with jitter. A crash because storage could not be
+reached (``tidings.storage.errors.outage``) is no fault of the child's: it is
+retried at least every ``Backoff.outage_retry`` seconds, so that every child
+resumes within about that long once the database answers again (a restart,
+a failover), and it never counts towards giving the child up. With an :class:`Intensity` a child
 that crashes more than ``restarts`` times within ``within`` seconds is given
 up instead: it is not restarted, and its supervisor calls its ``on_give_up``
 hook, which decides what giving up means for its entity (a broadcast whose
@@ -16,6 +20,8 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from tidings.storage.errors import outage
+
 log = logging.getLogger("tidings.actors")
 
 
@@ -29,6 +35,8 @@ class Backoff:
     jitter: float = 0.1
     # A run that lasted this long counts as healthy: the next crash starts over.
     reset_after: float = 60.0
+    # The longest wait between restarts while storage cannot be reached.
+    outage_retry: float = 1.0
 
     def delay(self, failures: int) -> float:
         try:
@@ -61,30 +69,53 @@ class Intensity:
 class Restarts:
     """The crash record of one child: its next backoff, and whether to give up."""
 
-    __slots__ = ("_backoff", "_intensity", "_failures", "_crashes")
+    __slots__ = ("_backoff", "_intensity", "_failures", "_crashes", "_outages")
 
     def __init__(self, backoff: Backoff, intensity: Intensity | None) -> None:
         self._backoff = backoff
         self._intensity = intensity
         self._failures = 0
         self._crashes: deque[float] = deque()
+        self._outages = 0  # crashes in a row on a storage outage
 
-    def crashed(self, started: float, now: float) -> float | None:
-        """Note a crash of the run that began at ``started``.
+    def crashed(self, started: float, now: float, crash: BaseException) -> float | None:
+        """Note ``crash``, of the run that began at ``started``.
 
         Returns the delay before the restart, or None: give the child up.
         """
         if now - started >= self._backoff.reset_after:
             self._failures = 0
+            self._outages = 0
+        delay = self._backoff.delay(self._failures)
+        self._failures += 1
+        if outage(crash):
+            self._outages += 1
+            return min(delay, self._backoff.outage_retry)
+        self._outages = 0
         if self._intensity is not None:
             self._crashes.append(now)
             while self._crashes and self._crashes[0] <= now - self._intensity.within:
                 self._crashes.popleft()
             if len(self._crashes) > self._intensity.restarts:
                 return None
-        delay = self._backoff.delay(self._failures)
-        self._failures += 1
         return delay
+
+    def log(self, child: str, crash: Exception, delay: float) -> None:
+        """Log the crash that ``crashed`` just noted: with its traceback, but
+        an outage in one line, once until the child runs again."""
+        if self._outages == 0:
+            log.error("%s crashed; restarting in %.2fs", child, delay, exc_info=crash)
+        elif self._outages == 1:
+            log.warning("%s: storage is unavailable (%s); restarting every %.2gs until it "
+                        "answers", child, _first_error(crash), self._backoff.outage_retry)
+        else:
+            log.debug("%s: storage is still unavailable; restarting in %.2fs", child, delay)
+
+
+def _first_error(crash: BaseException) -> BaseException:
+    while isinstance(crash, BaseExceptionGroup):
+        crash = crash.exceptions[0]
+    return crash
 
 
 def stopping_part(raised: BaseExceptionGroup[BaseException], child: str) -> BaseException:

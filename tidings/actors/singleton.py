@@ -79,12 +79,12 @@ class Singleton:
                     await self._run()
                 except Exception as crash:
                     self._running = False
-                    delay = restarts.crashed(started, trio.current_time())
+                    delay = restarts.crashed(started, trio.current_time(), crash)
                     if delay is None:
                         await self._give_up(crash)
                         return
                     self.restarts += 1
-                    log.exception("%s crashed; restarting in %.2fs", self.name, delay)
+                    restarts.log(self.name, crash, delay)
                     await trio.sleep(delay)
                     continue
                 except BaseExceptionGroup as stopped:

@@ -219,14 +219,12 @@ class Supervisor(Generic[K, M]):
                     await actor.run(mailbox)
                 except Exception as crash:
                     mailbox.finish_current()
-                    delay = restarts.crashed(started, trio.current_time())
+                    delay = restarts.crashed(started, trio.current_time(), crash)
                     if delay is None:
                         await self._give_up(key, entry, crash)
                         return
                     self.restarts += 1
-                    log.exception(
-                        "actor %s[%r] crashed; restarting in %.2fs", self.name, key, delay
-                    )
+                    restarts.log(f"actor {self.name}[{key!r}]", crash, delay)
                     with trio.CancelScope() as entry.sleep_scope:
                         if not mailbox.stopping:
                             await trio.sleep(delay)

@@ -53,6 +53,14 @@ def unavailable(error: BaseException) -> bool:
     return isinstance(error, asyncpg.InternalClientError) and "operation (2)" in str(error)
 
 
+def outage(error: BaseException) -> bool:
+    """Whether ``error`` is storage unavailable, alone or as every error of a
+    group (a task that failed with its siblings, all on the same outage)."""
+    if isinstance(error, BaseExceptionGroup):
+        return all(outage(inner) for inner in error.exceptions)
+    return unavailable(error)
+
+
 # What PostgreSQL answers when it ends one of two transactions that wait for
 # each other (a deadlock) or that it cannot order (a serialization failure):
 # nothing was written, and the request may succeed if retried, so HTTP
