@@ -25,6 +25,7 @@ import pytest
 import trio
 import triopg
 
+from tests.db_proxy import DatabaseProxy
 from tests.openapi_check import check_hook
 from tidings.app import serve_http
 from tidings.config import Config
@@ -95,6 +96,15 @@ async def database_url(
 ) -> AsyncIterator[str]:
     async with fresh_database(pg_admin_url, pg_template) as url:
         yield url
+
+
+@pytest.fixture
+async def proxy(database_url: str, nursery: trio.Nursery) -> DatabaseProxy:
+    """A proxy to the test's database that the test can cut and restore; a
+    module points its ``config`` at ``proxy.url``."""
+    proxy = DatabaseProxy(database_url)
+    await nursery.start(proxy.serve)
+    return proxy
 
 
 @pytest.fixture

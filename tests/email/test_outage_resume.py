@@ -15,13 +15,6 @@ from tidings.config import Config
 
 
 @pytest.fixture
-async def proxy(database_url: str, nursery: trio.Nursery) -> DatabaseProxy:
-    proxy = DatabaseProxy(database_url)
-    await nursery.start(proxy.serve)
-    return proxy
-
-
-@pytest.fixture
 def config(proxy: DatabaseProxy) -> Config:
     # The service reaches its database through the proxy, which the test cuts.
     return Config(database_url=proxy.url, db_pool_size=4, rate_limit_per_second=0,

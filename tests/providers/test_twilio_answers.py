@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 
-from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble
+from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble, started
 from tidings.providers.sms import MAX_RETRY_AFTER, OutgoingSms
 from tidings.providers.twilio import UNREADABLE, TwilioSms, TwilioUnavailable
 
@@ -24,10 +24,8 @@ DATE = "Tue, 24 Nov 2026 06:00:00 GMT"
 
 
 @pytest.fixture
-async def double(nursery: trio.Nursery) -> AsyncIterator[TwilioDouble]:
-    twilio = TwilioDouble()
-    await nursery.start(twilio.serve)
-    yield twilio
+async def double(nursery: trio.Nursery) -> TwilioDouble:
+    return await started(nursery)
 
 
 @pytest.fixture

@@ -3,32 +3,21 @@ key: once storage answers again, the client's retry runs (docs/api.md)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 import trio
 
 from tests.db_proxy import DatabaseProxy
 from tests.sms.helpers import ok, send, settled
-from tests.sms.twilio_double import TwilioDouble, twilio_config
+from tests.sms.twilio_double import TwilioDouble, started, twilio_config
 from tidings.config import Config
 
 PUBLIC = "https://tidings.example"
 
 
 @pytest.fixture
-async def proxy(database_url: str, nursery: trio.Nursery) -> DatabaseProxy:
-    proxy = DatabaseProxy(database_url)
-    await nursery.start(proxy.serve)
-    return proxy
-
-
-@pytest.fixture
-async def double(nursery: trio.Nursery) -> AsyncIterator[TwilioDouble]:
-    twilio = TwilioDouble(owned_numbers={"+14155550100"})
-    await nursery.start(twilio.serve)
-    yield twilio
+async def double(nursery: trio.Nursery) -> TwilioDouble:
+    return await started(nursery, owned_numbers={"+14155550100"})
 
 
 @pytest.fixture

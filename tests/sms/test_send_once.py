@@ -4,7 +4,6 @@ message ``unknown``, never a second send."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
@@ -13,7 +12,7 @@ import pytest
 import trio
 
 from tests.sms.helpers import ok, send, settled
-from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble, twilio_config
+from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble, started, twilio_config
 from tests.webhooks.receiver import HangUp
 from tidings.config import Config
 from tidings.providers.sms import AnswerLost, OutgoingSms
@@ -27,10 +26,8 @@ LEASE = 2.0  # a send is given up after half of it
 
 
 @pytest.fixture
-async def double(nursery: trio.Nursery) -> AsyncIterator[TwilioDouble]:
-    twilio = TwilioDouble(owned_numbers={SENDER})
-    await nursery.start(twilio.serve)
-    yield twilio
+async def double(nursery: trio.Nursery) -> TwilioDouble:
+    return await started(nursery, owned_numbers={SENDER})
 
 
 @pytest.fixture

@@ -4,25 +4,21 @@ served meanwhile, and each sync then applies what the provider said."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 import trio
 
 from tests.sms.helpers import ok
 from tests.sms.test_twilio import PUBLIC, sent_through_twilio
-from tests.sms.twilio_double import TwilioDouble, twilio_config
+from tests.sms.twilio_double import TwilioDouble, started, twilio_config
 from tidings.config import Config
 
 POOL = 2  # TIDINGS_DB_POOL_SIZE: the smallest allowed
 
 
 @pytest.fixture
-async def double(nursery: trio.Nursery) -> AsyncIterator[TwilioDouble]:
-    twilio = TwilioDouble(owned_numbers={"+14155550100"})
-    await nursery.start(twilio.serve)
-    yield twilio
+async def double(nursery: trio.Nursery) -> TwilioDouble:
+    return await started(nursery, owned_numbers={"+14155550100"})
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ a cancel by Twilio, and sender ID review."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -15,7 +14,7 @@ import trio
 
 from tests.conftest import assert_error
 from tests.sms.helpers import NUMBER, event_types, ok, send, settled
-from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble, twilio_config
+from tests.sms.twilio_double import ACCOUNT_SID, AUTH_TOKEN, TwilioDouble, started, twilio_config
 from tidings.actors.retention import early_sms_report_sweep
 from tidings.config import Config
 from tidings.providers.twilio import signature
@@ -26,10 +25,8 @@ STATUS = "/providers/twilio/status"
 
 
 @pytest.fixture
-async def double(nursery: trio.Nursery) -> AsyncIterator[TwilioDouble]:
-    twilio = TwilioDouble(owned_numbers={"+14155550100"}, owned_short_codes={"55555"})
-    await nursery.start(twilio.serve)
-    yield twilio
+async def double(nursery: trio.Nursery) -> TwilioDouble:
+    return await started(nursery, owned_numbers={"+14155550100"}, owned_short_codes={"55555"})
 
 
 @pytest.fixture

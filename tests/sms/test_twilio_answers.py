@@ -7,7 +7,6 @@ the team's other messages in flight are sent once and recorded."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -19,7 +18,7 @@ import trio
 from tests.conftest import assert_error
 from tests.sms.helpers import event_types, ok, send, settled
 from tests.sms.test_twilio import PUBLIC, callback, sent_through_twilio
-from tests.sms.twilio_double import TwilioDouble, twilio_config
+from tests.sms.twilio_double import TwilioDouble, started, twilio_config
 from tidings.config import Config
 from tidings.service import Service
 
@@ -28,10 +27,8 @@ ODD = "+14155550177"  # the number whose sends the double answers oddly
 
 
 @pytest.fixture
-async def double(nursery: trio.Nursery) -> AsyncIterator[TwilioDouble]:
-    twilio = TwilioDouble(owned_numbers={LONG_CODE})
-    await nursery.start(twilio.serve)
-    yield twilio
+async def double(nursery: trio.Nursery) -> TwilioDouble:
+    return await started(nursery, owned_numbers={LONG_CODE})
 
 
 @pytest.fixture

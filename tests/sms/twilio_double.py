@@ -152,3 +152,10 @@ def twilio_config(database_url: str, double: TwilioDouble, public_url: str,
         sms_provider="twilio", twilio_account_sid=ACCOUNT_SID, twilio_auth_token=AUTH_TOKEN,
         twilio_api_url=double.base, public_url=public_url, **settings,
     )
+
+
+async def started(nursery: trio.Nursery, **fields: Any) -> TwilioDouble:
+    """A double with ``fields`` (owned numbers, ...), serving in ``nursery``."""
+    twilio = TwilioDouble(**fields)
+    await nursery.start(twilio.serve)
+    return twilio
