@@ -20,7 +20,8 @@ from uuid import UUID
 
 from tidings.http.envelope import ApiError
 
-# Buckets of tokens not seen for this long are forgotten.
+# How often buckets that have filled up again are forgotten (a forgotten
+# bucket starts full: the same as one that refilled).
 FORGET_AFTER_SECONDS = 300.0
 
 
@@ -103,6 +104,10 @@ class RateLimiter:
 
     def _prune(self, now: float) -> None:
         self._last_prune = now
-        stale = [k for k, (_, seen) in self._buckets.items() if now - seen > FORGET_AFTER_SECONDS]
+        # Only a bucket that would be full by now: one forgotten while it
+        # still refills would start full, above what the token is owed.
+        burst, rate = float(self.burst), self.per_second
+        stale = [k for k, (level, seen) in self._buckets.items()
+                 if level + (now - seen) * rate >= burst]
         for key in stale:
             del self._buckets[key]
