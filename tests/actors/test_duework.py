@@ -164,6 +164,8 @@ async def add_jobs(
 class JobOfOwner:
     """Performs a job by noting who did it and when; may take time, hang or crash."""
 
+    lease_seconds = LEASE_SECONDS
+
     def __init__(self, db: StillDatabase, owner: UUID, worker: Worker) -> None:
         self._db = db
         self._owner = owner

@@ -26,8 +26,9 @@ from uuid import UUID
 
 import trio
 
-from tidings.actors.duework import Due, DueWork, Wake
+from tidings.actors.duework import LEASE_MARGIN, Due, DueWork, Wake
 from tidings.actors.emails import Emails
+from tidings.actors.handback import hand_back
 from tidings.actors.mailbox import Mailbox
 from tidings.actors.policy import Intensity
 from tidings.actors.runtime import Runtime
@@ -96,6 +97,9 @@ class FanoutActor(Actor[Wake]):
     def __init__(self, broadcast_id: UUID, broadcasts: Broadcasts) -> None:
         self._id = broadcast_id
         self._b = broadcasts
+        # When the lease was last taken or renewed (by a batch), on trio's
+        # clock as the statement began: it ends no earlier than a lease after.
+        self._leased_at = 0.0
 
     async def run(self, mailbox: Mailbox[Wake]) -> None:
         while await mailbox.next() is not None:
@@ -111,16 +115,22 @@ class FanoutActor(Actor[Wake]):
         """Fan out if the broadcast is ours to; else seconds until it is due
         (None: nothing to wait for)."""
         b = self._b
+        asked = trio.current_time()
         claimed = await b.db.run(fanout.claim, self._id, b.owner, b.config.broadcast_lease_seconds)
         if claimed is None:
             return await b.db.run(fanout.seconds_to_next_due, self._id)
+        self._leased_at = asked
         try:
             await self._fan_out(claimed, mailbox)
         except BaseException:
             # Crashed or cut short: hand the broadcast on now, not when the
-            # lease ends (the cursor is in the database).
-            with trio.move_on_after(2, shield=True):
-                await b.db.run(fanout.release, self._id, b.owner)
+            # lease ends (the cursor is in the database); while storage is
+            # down, again once it answers (``tidings.actors.handback``).
+            await hand_back(
+                lambda: b.db.run(fanout.release, self._id, b.owner),
+                until=self._leased_at + b.config.broadcast_lease_seconds - LEASE_MARGIN,
+                stopping=lambda: mailbox.stopping,
+            )
             raise
         return None
 
@@ -170,6 +180,7 @@ class FanoutActor(Actor[Wake]):
         the broadcast gone or over quota (``ended``), or the process stops."""
         b = self._b
         while not mailbox.stopping and not ended.lost and ended.failure is None:
+            asked = trio.current_time()
             try:
                 done = await b.db.run(queue_counted, batch, b.config.quotas)
             except QuotaExceeded as exceeded:
@@ -178,6 +189,7 @@ class FanoutActor(Actor[Wake]):
             if not done.held:
                 ended.lost = True
                 return
+            self._leased_at = max(self._leased_at, asked)  # the batch renewed it
             if done.domain_gone:
                 ended.failure = NO_DOMAIN
                 return

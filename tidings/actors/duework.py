@@ -32,6 +32,7 @@ from typing import Generic, Protocol, TypeVar
 import trio
 import triopg
 
+from tidings.actors.handback import hand_back
 from tidings.actors.mailbox import ActorStopped, Mailbox, MailboxFull
 from tidings.actors.policy import DEFAULT_BACKOFF, Backoff, Intensity
 from tidings.actors.supervisor import Actor, GiveUp, Supervisor
@@ -39,6 +40,9 @@ from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
 
 log = logging.getLogger("tidings.actors")
+
+# A hand-back is retried until this long before the rows' leases end.
+LEASE_MARGIN = 1.0
 
 K = TypeVar("K", bound=Hashable)
 ItemT = TypeVar("ItemT")  # an item of work, as claimed
@@ -164,6 +168,11 @@ class Batch(Generic[ItemT]):
 class Job(Protocol[ItemT, OutcomeT]):
     """What an owner does with its leased rows; one instance per actor run."""
 
+    @property
+    def lease_seconds(self) -> float:
+        """How long a claim leases its rows."""
+        ...
+
     def open(self) -> AbstractAsyncContextManager[object]:
         """Resources the actor holds while it runs (a connection pool)."""
         ...
@@ -192,7 +201,8 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
     own nursery. Finished rows are recorded in batches: while one batch is
     written the next gathers, so a busy owner records many rows per round
     trip and an idle one waits for none. A row cut short (shutdown) is
-    released at once rather than left for its lease to expire. With nothing
+    released at once rather than left for its lease to expire, and again
+    while storage is down (``tidings.actors.handback``). With nothing
     in flight and nothing scheduled for ``idle_seconds`` the actor stops;
     the next wake starts it again.
     """
@@ -213,11 +223,17 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
         self._done: list[tuple[ItemT, OutcomeT]] = []
         self._to_record = trio.Event()
         self._closing = False
+        self._stopping: Callable[[], bool] = lambda: True
+        # When the lease of each row claimed and not yet recorded or handed
+        # back ends at the earliest, on trio's clock (by object: rows need
+        # not be hashable).
+        self._ends: dict[int, float] = {}
         # A row failed or was cut short: the actor is going down, so it
         # claims nothing more (a row it gives back is not taken again here).
         self._failing = False
 
     async def run(self, mailbox: Mailbox[Wake]) -> None:
+        self._stopping = lambda: mailbox.stopping
         async with self._job.open(), trio.open_nursery() as nursery:
             listening = trio.CancelScope()
             nursery.start_soon(self._listen, mailbox, listening)
@@ -246,17 +262,18 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
                 # Shielded: a claim cut short on the trio side may still take
                 # its leases in PostgreSQL. Finished, its rows are given back
                 # at once if the actor is going down meanwhile.
+                asked = trio.current_time()
                 with trio.CancelScope(shield=True):
                     batch = await self._job.claim(free)
+                ends = asked + self._job.lease_seconds
+                self._ends.update((id(item), ends) for item in batch.items)
                 try:
                     await trio.lowlevel.checkpoint_if_cancelled()
                 except trio.Cancelled:
-                    with trio.move_on_after(2, shield=True):
-                        await self._job.release(batch.items)
+                    await self._hand_back(batch.items)
                     raise
                 if self._failing:
-                    with trio.move_on_after(2, shield=True):
-                        await self._job.release(batch.items)
+                    await self._hand_back(batch.items)
                     return
                 for item in batch.items:
                     self._in_flight += 1
@@ -290,8 +307,7 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
                 self._failing = True
                 # Failed, or cut short (shutdown): give the row back for
                 # another try now.
-                with trio.move_on_after(2, shield=True):
-                    await self._job.release([item])
+                await self._hand_back([item])
             self._to_record.set()
 
     async def _recorder(self) -> None:
@@ -305,9 +321,22 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
                 except BaseException:
                     # Not recorded (shutdown cut it short, or storage failed):
                     # hand the rows back rather than wait for the leases.
-                    with trio.move_on_after(2, shield=True):
-                        await self._job.release([item for item, _ in batch])
+                    await self._hand_back([item for item, _ in batch])
                     raise
+                for item, _outcome in batch:
+                    self._ends.pop(id(item), None)
                 self._poked.set()  # a retry due at once may be claimable now
             if self._closing and self._in_flight == 0 and not self._done:
                 return
+
+    async def _hand_back(self, items: Sequence[ItemT]) -> None:
+        """Release ``items``, retried while storage is down (``handback``)."""
+        if not items:
+            return
+        until = min(self._ends.get(id(item), 0.0) for item in items) - LEASE_MARGIN
+        try:
+            await hand_back(lambda: self._job.release(items), until=until,
+                            stopping=self._stopping)
+        finally:
+            for item in items:
+                self._ends.pop(id(item), None)

@@ -21,6 +21,7 @@ from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
 from tidings.storage.domains import verified_domain_ids
 from tidings.storage.emails import Change, Clock
+from tidings.storage.errors import outage
 
 log = logging.getLogger("tidings.emails")
 
@@ -102,6 +103,10 @@ class SendJob:
         self._skipped: set[UUID] = set()
         # Of each claimed email, its verified domain's id as the claim found it.
         self._domain_ids: dict[UUID, UUID | None] = {}
+
+    @property
+    def lease_seconds(self) -> float:
+        return self._emails.config.email_lease_seconds
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[object]:
@@ -192,33 +197,33 @@ class SendJob:
         emails = self._emails
         begun = [item for item in items if item.id in self._begun]
         unbegun = [item.id for item in items if item.id not in self._begun]
-        try:
-            # What the provider finished with before the attempt was cut
-            # short is recorded; the rest is tried again at once.
-            # An attempt that ran to its end and whose recording was cut short
-            # (a shutdown) is recorded as it was; one cut short, as far as it got.
-            partial = [
-                attempted for item in begun
-                if (attempted := self._finished.get(item.id) or (
-                    None if self._begun[item.id].finished
-                    else emails.cut_short(item, self._begun[item.id])
-                )) is not None
-            ]
-            recorded: set[UUID] = set()
-            if partial:
-                try:
-                    await emails.db.run(store.record_attempts, emails.owner, partial)
-                    recorded = {attempted.email.id for attempted in partial}
-                except Exception:
-                    log.warning("could not record %d attempts cut short", len(partial),
-                                exc_info=True)
-            back = [item.id for item in begun if item.id not in recorded]
-            if back:
-                await emails.db.run(store.give_back, back, emails.owner)
-            if unbegun:
-                await emails.db.run(store.release, unbegun, emails.owner)
-        finally:
-            self._forget(items)
+        # What the provider finished with before the attempt was cut
+        # short is recorded; the rest is tried again at once.
+        # An attempt that ran to its end and whose recording was cut short
+        # (a shutdown) is recorded as it was; one cut short, as far as it got.
+        partial = [
+            attempted for item in begun
+            if (attempted := self._finished.get(item.id) or (
+                None if self._begun[item.id].finished
+                else emails.cut_short(item, self._begun[item.id])
+            )) is not None
+        ]
+        recorded: set[UUID] = set()
+        if partial:
+            try:
+                await emails.db.run(store.record_attempts, emails.owner, partial)
+                recorded = {attempted.email.id for attempted in partial}
+            except Exception as error:
+                log.warning("could not record %d attempts cut short: %s", len(partial),
+                            error, exc_info=not outage(error))
+        back = [item.id for item in begun if item.id not in recorded]
+        if back:
+            await emails.db.run(store.give_back, back, emails.owner)
+        if unbegun:
+            await emails.db.run(store.release, unbegun, emails.owner)
+        # Kept until handed back: a hand-back that failed (storage down) is
+        # tried again (``tidings.actors.handback``) with what it knew.
+        self._forget(items)
 
     def _forget(self, items: Sequence[store.Claimed]) -> None:
         for item in items:

@@ -227,6 +227,10 @@ class SendJob:
         self._side = side
         self._claimed_at: dict[UUID, datetime] = {}
 
+    @property
+    def lease_seconds(self) -> float:
+        return self._side.config.sms_lease_seconds
+
     def open(self) -> AbstractAsyncContextManager[object]:
         return nullcontext()
 

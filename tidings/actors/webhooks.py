@@ -158,6 +158,7 @@ class EndpointJob:
         # The attempts in flight, and when they are cut short (once stopping).
         self._attempts: set[trio.CancelScope] = set()
         self._stop_at = math.inf
+        self.lease_seconds = webhooks.lease_seconds
 
     def stop_within(self, seconds: float) -> None:
         """Cut the attempts in flight short if they are not done in ``seconds``."""
