@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tidings.ids import new_id
+from tidings.storage.errors import outage
 
 ACCESS = logging.getLogger("tidings.access")
 
@@ -37,6 +38,21 @@ class _RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "request_id", None) is None:
             record.request_id = request_id.get()
+        return True
+
+
+class _OutageInOneLine(logging.Filter):
+    """asyncpg's pool retries its connections while the database is away and
+    logs each failure with its traceback (20 lines, at 1, 2, 4... s): an
+    error that is storage unavailable is logged in one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and outage(error):
+            record.msg = f"{record.getMessage()} ({type(error).__name__}: {error})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
         return True
 
 
@@ -82,6 +98,9 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    pool = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, _OutageInOneLine) for f in pool.filters):
+        pool.addFilter(_OutageInOneLine())
     # The embedded server narrates every start at INFO.
     logging.getLogger("pgserver").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 

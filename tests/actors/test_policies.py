@@ -305,3 +305,35 @@ async def test_crashes_on_a_storage_outage_do_not_give_a_keyed_actor_up(
             # Capped at STEADY's outage_retry (1 s), not its 8 s maximum.
             assert max(b - a for a, b in pairwise(down.runs)) == pytest.approx(1)
     assert supervisor.given_up == 0
+
+
+async def test_each_outage_is_logged_and_a_later_crash_backs_off_afresh(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Three crashes on an outage, a 20 s run, two more on a second outage,
+    # a 20 s run, then a crash of its own.
+    script = ["down", "down", "down", 20.0, "down", "down", 20.0, "bug"]
+    runs: list[float] = []
+
+    async def child() -> None:
+        runs.append(trio.current_time())
+        step = script[len(runs) - 1] if len(runs) <= len(script) else None
+        if step == "down":
+            raise ConnectionRefusedError(111, "Connection refused")
+        if step == "bug":
+            raise RuntimeError("a bug")
+        if isinstance(step, float):
+            await trio.sleep(step)
+            raise ConnectionRefusedError(111, "Connection refused")
+        await trio.sleep_forever()
+
+    async with open_runtime(None) as runtime:  # type: ignore[arg-type]
+        runtime.singleton("dispatcher", child, backoff=STEADY)
+        await trio.sleep(100)
+    levels = [r.levelname for r in caplog.records if "dispatcher" in r.getMessage()]
+    # One warning per outage (the runs of 20 s ended with a second and a
+    # third), then the bug's traceback.
+    assert levels == ["WARNING", "WARNING", "WARNING", "ERROR"]
+    # The bug restarts after STEADY's first delay (1 s), not one grown by
+    # the outages' crashes before it.
+    assert runs[-1] - runs[-2] == pytest.approx(1)

@@ -48,6 +48,9 @@ class Backoff:
 
 # Restart after 0.1 s, doubling to 30 s; a run of 60 s without a crash starts over.
 DEFAULT_BACKOFF = Backoff()
+# A run this long between two crashes on a storage outage means storage
+# answered in between: two outages, not one.
+OUTAGE_APART = 5.0
 
 
 @dataclass(frozen=True)
@@ -83,15 +86,19 @@ class Restarts:
 
         Returns the delay before the restart, or None: give the child up.
         """
-        if now - started >= self._backoff.reset_after:
+        ran = now - started
+        if ran >= self._backoff.reset_after:
             self._failures = 0
-            self._outages = 0
+        if outage(crash):
+            # A run that got going first: storage answered in between, and
+            # this is a new outage (logged as such).
+            if ran >= OUTAGE_APART:
+                self._outages = 0
+            self._outages += 1
+            return min(self._backoff.delay(self._outages - 1), self._backoff.outage_retry)
+        self._outages = 0
         delay = self._backoff.delay(self._failures)
         self._failures += 1
-        if outage(crash):
-            self._outages += 1
-            return min(delay, self._backoff.outage_retry)
-        self._outages = 0
         if self._intensity is not None:
             self._crashes.append(now)
             while self._crashes and self._crashes[0] <= now - self._intensity.within:
