@@ -25,7 +25,7 @@ import trio
 from tidings import PARENT_ENV, __version__, importing
 from tidings.app import serve
 from tidings.config import Config, SettingError
-from tidings.config_values import MAX_BIGINT, shown_url
+from tidings.config_values import INTEGER, MAX_BIGINT, NUMBER, shown_url
 from tidings.http.tokens import TEN_YEARS
 from tidings.logging_setup import configure_logging
 from tidings.permissions import ALL_PERMISSIONS, unknown_permissions
@@ -123,15 +123,30 @@ QUOTA_OPTIONS: tuple[tuple[str, quota_store.Channel, quota_store.Period], ...] =
 )
 
 
+def whole_number(raw: str) -> int:
+    """An option's whole number, spelled as the settings' are (ASCII digits,
+    an optional sign: not ``1_000`` nor other scripts' digits, which ``int``
+    takes)."""
+    if not INTEGER.fullmatch(raw):
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {raw!r}")
+    return int(raw)
+
+
+def decimal_number(raw: str) -> float:
+    """An option's number of seconds, spelled as the settings' are."""
+    if not NUMBER.fullmatch(raw):
+        raise argparse.ArgumentTypeError(f"must be a number, not {raw!r}")
+    return float(raw)
+
+
 def quota_limit(raw: str) -> int | None:
     """A quota option's value: N >= 0 (0: unlimited) or ``default`` (None)."""
     if raw.strip().lower() == "default":
         return None
-    try:
-        value = int(raw)
-    except ValueError:
+    if not INTEGER.fullmatch(raw):
         message = f"must be a whole number or 'default', not {raw!r}"
-        raise argparse.ArgumentTypeError(message) from None
+        raise argparse.ArgumentTypeError(message)
+    value = int(raw)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 (unlimited) or more, not {value}")
     if value > MAX_BIGINT:
@@ -141,10 +156,9 @@ def quota_limit(raw: str) -> int | None:
 
 def port_number(raw: str) -> int:
     """``--port``: 0 (any free port) to 65535."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number, not {raw!r}") from None
+    if not INTEGER.fullmatch(raw):
+        raise argparse.ArgumentTypeError(f"must be a port number, not {raw!r}")
+    value = int(raw)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be 0 to 65535, not {value}")
     return value
@@ -202,7 +216,7 @@ def parser() -> argparse.ArgumentParser:
         help="port to listen on, 0 to 65535 (default: %(default)s)",
     )
     run.add_argument(
-        "--workers", type=int, default=1, metavar="N",
+        "--workers", type=whole_number, default=1, metavar="N",
         help="processes serving the port together (SO_REUSEPORT); default 1",
     )
     # A worker of --workers N: bind with SO_REUSEPORT.
@@ -221,7 +235,7 @@ def parser() -> argparse.ArgumentParser:
     chosen.add_argument("--permissions", help="comma-separated; default: every permission")
     chosen.add_argument("--all", action="store_true", help="every permission")
     create.add_argument(
-        "--expires-in", type=float, metavar="SECONDS",
+        "--expires-in", type=decimal_number, metavar="SECONDS",
         help="the token expires this many seconds from now (default: never)",
     )
     create.add_argument(
@@ -252,7 +266,7 @@ def parser() -> argparse.ArgumentParser:
         help="the service's address (default: %(default)s)",
     )
     load.add_argument(
-        "--batch-size", type=int, default=importing.MAX_ROWS, metavar="ROWS",
+        "--batch-size", type=whole_number, default=importing.MAX_ROWS, metavar="ROWS",
         help=f"rows per request (at most {importing.MAX_ROWS}, the service's limit)",
     )
     load.add_argument("--quiet", action="store_true", help="no progress on stderr")
