@@ -279,3 +279,24 @@ def test_only_probes_that_check_storage_declare_503() -> None:
     assert "503" not in paths["/metrics"]["get"]["responses"]
     assert "503" in paths["/healthz"]["get"]["responses"]
     assert "503" in paths["/readyz"]["get"]["responses"]
+
+
+def test_402_is_declared_only_where_a_quota_is_counted() -> None:
+    """Sends count against the team's quotas when accepted; cancelling,
+    previewing, syncing and a broadcast's send (its fanout counts later)
+    never answer 402."""
+    declaring = sorted(
+        f"{method.upper()} {path}"
+        for path, operations in document()["paths"].items()
+        for method, operation in operations.items()
+        if "402" in operation["responses"]
+    )
+    assert declaring == ["POST /emails", "POST /emails/batch", "POST /sms"]
+
+
+def test_statuses_that_say_when_to_retry_declare_retry_after() -> None:
+    responses = document()["paths"]["/emails"]["post"]["responses"]
+    for status in ("402", "409", "429", "503"):
+        header = responses[status]["headers"]["Retry-After"]
+        assert header["schema"] == {"type": "integer", "minimum": 0}
+    assert "headers" not in responses["422"]

@@ -257,7 +257,7 @@ async def accept(call: Call, emails: list[store.NewEmail], batch: bool) -> None:
 
 @routes.route(
     "POST", "/emails", summary="Send an email (now or at scheduled_at)",
-    permission="email:send", body=SendEmail, response=Accepted, status=202,
+    permission="email:send", body=SendEmail, response=Accepted, status=202, counted=True,
 )
 async def send_email(call: Call, body: SendEmail) -> Accepted:
     email = await prepare(call, body, datetime.now(UTC))
@@ -267,7 +267,7 @@ async def send_email(call: Call, body: SendEmail) -> Accepted:
 
 @routes.route(
     "POST", "/emails/batch", summary="Send up to 100 emails at once: all or none",
-    permission="email:send", body=BatchBody, response=AcceptedList, status=202,
+    permission="email:send", body=BatchBody, response=AcceptedList, status=202, counted=True,
 )
 async def send_batch(call: Call, body: BatchBody) -> AcceptedList:
     now = datetime.now(UTC)

@@ -39,9 +39,6 @@ ERROR_ENVELOPE = {
     },
 }
 
-# Routes with these permissions send, and what they send counts against quotas.
-SENDING_PERMISSIONS = frozenset({"email:send", "sms:send", "broadcasts:send"})
-
 ERROR_DESCRIPTIONS = {
     400: "Malformed request: the message names the field and the reason",
     401: "Missing, invalid, expired or revoked token",
@@ -60,6 +57,15 @@ ERROR_DESCRIPTIONS = {
     501: "A method or transfer coding not implemented (methods are case-sensitive)",
     500: "Internal error; the details are in the server log",
     503: "Storage unreachable, the service busy or shedding load; retry shortly",
+}
+
+
+# The error statuses that may say when to try again, and when they do.
+RETRY_AFTER = {
+    402: "Seconds until the quota resets; absent when the request alone exceeds it",
+    409: "Present (1) when the same Idempotency-Key is still being processed",
+    429: "Seconds until the token's bucket holds a request again",
+    503: "Seconds to wait before retrying",
 }
 
 
@@ -142,8 +148,8 @@ def error_statuses(route: Route, routes: Sequence[Route] = ()) -> list[int]:
             statuses |= {409, 413}
         if route.body is not None or route.raw_body is not None:
             statuses.add(422)
-        if route.method == "POST" and route.permission in SENDING_PERMISSIONS:
-            statuses.add(402)  # sends count against the team's quotas
+        if route.counted:
+            statuses.add(402)  # what it accepts counts against the team's quotas
     return sorted(statuses)
 
 
@@ -215,6 +221,10 @@ def _operation(
             "description": ERROR_DESCRIPTIONS[status],
             "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
         }
+        if status in RETRY_AFTER:
+            responses[str(status)]["headers"] = {"Retry-After": {
+                "description": RETRY_AFTER[status], "schema": {"type": "integer", "minimum": 0},
+            }}
     operation: dict[str, Any] = {
         "operationId": route.handler.__name__,
         "summary": route.summary,

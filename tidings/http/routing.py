@@ -150,6 +150,8 @@ class Route:
     storage_unit: bool = False
     # False: the handler holds no connection while it waits outside (NO_CONNECTION).
     pooled: bool = True
+    # What it accepts counts against the team's quotas (it may answer 402).
+    counted: bool = False
 
     def max_body_bytes(self, config: Config) -> int:
         return config.max_body_bytes if self.body_limit is None else self.body_limit(config)
@@ -218,12 +220,14 @@ class Routes:
         secret_response: bool = False,
         storage_unit: bool | None = None,
         pooled: bool = True,
+        counted: bool = False,
     ) -> Callable[[Handler], Handler]:
         """Declare a route. ``path_types`` maps path parameters that are not UUIDs
         to ``str`` (handed over as they are); ``body_required=False`` lets a
         request without a body stand for ``{}``; ``storage_unit`` overrides the
         group's ``storage_units`` for this route (a handler that calls a
-        provider is not a storage unit); ``pooled=False``: see the module."""
+        provider is not a storage unit); ``pooled=False``: see the module;
+        ``counted``: what it accepts counts against the team's quotas."""
         unit = self.storage_units if storage_unit is None else storage_unit
         if unit and not pooled:
             raise ValueError(f"{method} {path}: a storage unit holds its connection")
@@ -252,6 +256,7 @@ class Routes:
                     secret_response=secret_response,
                     storage_unit=unit,
                     pooled=pooled,
+                    counted=counted,
                 )
             )
             return handler

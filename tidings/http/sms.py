@@ -123,7 +123,7 @@ def new_sms(call: Call, body: SendSms) -> store.NewSms:
 
 @routes.route(
     "POST", "/sms", summary="Send a text message (now or at scheduled_at)",
-    permission="sms:send", body=SendSms, response=SmsOut, status=202,
+    permission="sms:send", body=SendSms, response=SmsOut, status=202, counted=True,
 )
 async def send_sms(call: Call, body: SendSms) -> dict[str, Any]:
     sms = new_sms(call, body)
