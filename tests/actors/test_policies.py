@@ -12,6 +12,7 @@ import trio
 from tests.actors.test_supervisor import Explode, Factory, Identify, Record
 from tidings.actors import ActorStopped, Backoff, Intensity, Singleton, open_supervisor
 from tidings.actors.runtime import open_runtime
+from tidings.webhooks.recording import RecordFailed
 
 STEADY = Backoff(initial=1, factor=2, maximum=8, jitter=0)
 
@@ -337,3 +338,27 @@ async def test_each_outage_is_logged_and_a_later_crash_backs_off_afresh(
     # The bug restarts after STEADY's first delay (1 s), not one grown by
     # the outages' crashes before it.
     assert runs[-1] - runs[-2] == pytest.approx(1)
+
+
+async def test_an_error_raised_from_an_outage_is_an_outage(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch of webhook attempts that could not be written raises
+    ``RecordFailed`` from the storage error: still an outage."""
+    runs: list[float] = []
+
+    async def child() -> None:
+        runs.append(trio.current_time())
+        if len(runs) <= 3:
+            try:
+                raise ConnectionRefusedError(111, "Connection refused")
+            except OSError as down:
+                raise RecordFailed("the attempts were not recorded") from down
+        await trio.sleep_forever()
+
+    async with open_runtime(None) as runtime:  # type: ignore[arg-type]
+        runtime.singleton("endpoint", child, backoff=STEADY,
+                          intensity=Intensity(restarts=1, within=60))
+        await trio.sleep(10)
+    assert len(runs) == 4  # not given up after its second crash
+    assert [r.levelname for r in caplog.records if "endpoint" in r.getMessage()] == ["WARNING"]

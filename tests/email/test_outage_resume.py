@@ -5,13 +5,16 @@ for as long as the outage lasted."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import httpx
 import pytest
 import trio
 
 from tests.db_proxy import DatabaseProxy
 from tests.email.helpers import SENDER, events, ok
-from tests.email.smtp_sink import running_sink
+from tests.email.smtp_sink import Sink, running_sink
 from tests.email.test_partial_sends import RECIPIENTS, HeldSink, acme, api, status, until
 from tidings.config import Config
 
@@ -74,3 +77,58 @@ async def test_an_email_whose_recording_failed_in_an_outage_is_recorded_once_sto
     # Recorded as it was sent: each recipient once, no second attempt.
     assert sorted(e["recipient"] for e in sent) == sorted(RECIPIENTS)
     assert all(sink.received(address) == 1 for address in RECIPIENTS)
+
+
+class Holds(Sink):
+    """Keeps each address in ``held`` waiting at RCPT until it is let go."""
+
+    def __init__(self, *held: str) -> None:
+        super().__init__()
+        self.held = set(held)
+        self.waiting: set[str] = set()
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
+    ) -> str:
+        while address in self.held:
+            self.waiting.add(address)
+            await asyncio.sleep(0.02)
+        return await super().handle_RCPT(server, session, envelope, address, options)
+
+    def received(self, address: str) -> int:
+        return sum(m.recipients == [address] for m in self.messages)
+
+
+async def test_an_email_sent_while_a_failed_record_waits_for_storage_is_recorded_after_it(
+    proxy: DatabaseProxy, database_url: str, nursery: trio.Nursery
+) -> None:
+    """The record of one email fails in an outage, and its hand-back waits
+    for storage; meanwhile another email's attempt ends. Once storage
+    answers, both are recorded as they were sent: neither waits for its
+    lease nor goes out again."""
+    sink = Holds("first@example.com", "second@example.com")
+    with running_sink(sink) as port:
+        async with api(proxy.url, port) as (service, base_url):
+            credential = await acme(service, base_url)
+            async with httpx.AsyncClient(base_url=base_url, headers=credential.headers) as client:
+                ids = [ok(await client.post("/emails", json={
+                    "from": SENDER, "to": to, "subject": "Hi", "text": "Hi",
+                }), 202)["id"] for to in ("first@example.com", "second@example.com")]
+                await until(lambda: len(sink.waiting) == 2)  # both mid-attempt
+                proxy.cut()
+                sink.held.discard("first@example.com")  # its record fails
+                await until(lambda: sink.received("first@example.com") == 1)
+                await trio.sleep(1)
+                sink.held.discard("second@example.com")  # ends while the first waits
+                await until(lambda: sink.received("second@example.com") == 1)
+                await trio.sleep(1)
+                await nursery.start(proxy.serve)
+                back = trio.current_time()
+
+                async def both_sent() -> bool:
+                    return [await status(database_url, i) for i in ids] == ["sent", "sent"]
+
+                await until(both_sent, within=15)
+                assert trio.current_time() - back < 5
+    assert sink.received("first@example.com") == 1
+    assert sink.received("second@example.com") == 1

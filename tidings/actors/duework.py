@@ -224,27 +224,30 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
         self._to_record = trio.Event()
         self._closing = False
         self._stopping: Callable[[], bool] = lambda: True
-        # When the lease of each row claimed and not yet recorded or handed
-        # back ends at the earliest, on trio's clock (by object: rows need
+        # Each row claimed and not yet recorded or handed back, with when its
+        # lease ends at the earliest, on trio's clock (by object: rows need
         # not be hashable).
-        self._ends: dict[int, float] = {}
+        self._ends: dict[int, tuple[ItemT, float]] = {}
         # A row failed or was cut short: the actor is going down, so it
         # claims nothing more (a row it gives back is not taken again here).
         self._failing = False
 
     async def run(self, mailbox: Mailbox[Wake]) -> None:
         self._stopping = lambda: mailbox.stopping
-        async with self._job.open(), trio.open_nursery() as nursery:
-            listening = trio.CancelScope()
-            nursery.start_soon(self._listen, mailbox, listening)
-            nursery.start_soon(self._recorder)
-            try:
-                await self._loop(nursery, mailbox)
-            finally:
-                listening.cancel()
-                # Rows in flight finish and are recorded before the actor ends.
-                self._closing = True
-                self._to_record.set()
+        try:
+            async with self._job.open(), trio.open_nursery() as nursery:
+                listening = trio.CancelScope()
+                nursery.start_soon(self._listen, mailbox, listening)
+                nursery.start_soon(self._recorder)
+                try:
+                    await self._loop(nursery, mailbox)
+                finally:
+                    listening.cancel()
+                    # Rows in flight finish and are recorded before the actor ends.
+                    self._closing = True
+                    self._to_record.set()
+        finally:
+            await self._settle()
 
     async def _listen(self, mailbox: Mailbox[Wake], scope: trio.CancelScope) -> None:
         with scope:
@@ -266,7 +269,7 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
                 with trio.CancelScope(shield=True):
                     batch = await self._job.claim(free)
                 ends = asked + self._job.lease_seconds
-                self._ends.update((id(item), ends) for item in batch.items)
+                self._ends.update((id(item), (item, ends)) for item in batch.items)
                 try:
                     await trio.lowlevel.checkpoint_if_cancelled()
                 except trio.Cancelled:
@@ -333,10 +336,34 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
         """Release ``items``, retried while storage is down (``handback``)."""
         if not items:
             return
-        until = min(self._ends.get(id(item), 0.0) for item in items) - LEASE_MARGIN
+        until = self._until(items)
         try:
             await hand_back(lambda: self._job.release(items), until=until,
                             stopping=self._stopping)
         finally:
             for item in items:
                 self._ends.pop(id(item), None)
+
+    def _until(self, items: Sequence[ItemT]) -> float:
+        """When a hand-back of ``items`` must have happened by."""
+        ends = (self._ends.get(id(item), (item, 0.0))[1] for item in items)
+        return min(ends, default=0.0) - LEASE_MARGIN
+
+    async def _settle(self) -> None:
+        """What the actor leaves leased as it ends (its recorder failed while
+        rows went on finishing): rows performed are recorded, the others
+        handed back; while storage is down, once it answers (``handback``)."""
+        done, self._done = self._done, []
+        if done:
+            items = [item for item, _outcome in done]
+            try:
+                if await hand_back(lambda: self._job.record(done), until=self._until(items),
+                                   stopping=self._stopping):
+                    for item in items:
+                        self._ends.pop(id(item), None)
+            except Exception:
+                log.warning("could not record %d rows as the actor ended; they are handed "
+                            "back", len(done), exc_info=True)
+        left = [item for item, _ends in self._ends.values()]
+        if left:
+            await self._hand_back(left)

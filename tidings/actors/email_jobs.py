@@ -103,6 +103,7 @@ class SendJob:
         self._skipped: set[UUID] = set()
         # Of each claimed email, its verified domain's id as the claim found it.
         self._domain_ids: dict[UUID, UUID | None] = {}
+        self._told_outage = False
 
     @property
     def lease_seconds(self) -> float:
@@ -214,8 +215,13 @@ class SendJob:
                 await emails.db.run(store.record_attempts, emails.owner, partial)
                 recorded = {attempted.email.id for attempted in partial}
             except Exception as error:
-                log.warning("could not record %d attempts cut short: %s", len(partial),
-                            error, exc_info=not outage(error))
+                if not outage(error):
+                    log.warning("could not record %d attempts cut short", len(partial),
+                                exc_info=True)
+                elif not self._told_outage:  # tried again until storage answers
+                    self._told_outage = True
+                    log.warning("could not record %d attempts cut short: %s; trying again "
+                                "until storage answers", len(partial), error)
         back = [item.id for item in begun if item.id not in recorded]
         if back:
             await emails.db.run(store.give_back, back, emails.owner)

@@ -54,10 +54,13 @@ def unavailable(error: BaseException) -> bool:
 
 
 def outage(error: BaseException) -> bool:
-    """Whether ``error`` is storage unavailable, alone or as every error of a
-    group (a task that failed with its siblings, all on the same outage)."""
+    """Whether ``error`` is storage unavailable: alone, as every error of a
+    group (a task that failed with its siblings, all on the same outage), or
+    as the cause of an error raised from it (a batch that was not recorded)."""
     if isinstance(error, BaseExceptionGroup):
         return all(outage(inner) for inner in error.exceptions)
+    if error.__cause__ is not None and outage(error.__cause__):
+        return True
     return unavailable(error)
 
 
