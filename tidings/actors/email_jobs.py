@@ -215,13 +215,16 @@ class SendJob:
                 await emails.db.run(store.record_attempts, emails.owner, partial)
                 recorded = {attempted.email.id for attempted in partial}
             except Exception as error:
-                if not outage(error):
-                    log.warning("could not record %d attempts cut short", len(partial),
-                                exc_info=True)
-                elif not self._told_outage:  # tried again until storage answers
-                    self._told_outage = True
-                    log.warning("could not record %d attempts cut short: %s; trying again "
-                                "until storage answers", len(partial), error)
+                if outage(error):
+                    # Not given back meanwhile (it would be sent again): the
+                    # hand-back is tried again until storage answers.
+                    if not self._told_outage:
+                        self._told_outage = True
+                        log.warning("could not record %d attempts cut short: %s; trying "
+                                    "again until storage answers", len(partial), error)
+                    raise
+                log.warning("could not record %d attempts cut short", len(partial),
+                            exc_info=True)
         back = [item.id for item in begun if item.id not in recorded]
         if back:
             await emails.db.run(store.give_back, back, emails.owner)
