@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-from tidings.actors.handback import RETRY_SECONDS, hand_back
+from tidings.actors.handback import ATTEMPT_SECONDS, RETRY_SECONDS, hand_back
 
 
 class Release:
@@ -61,3 +61,19 @@ async def test_a_hand_back_that_fails_otherwise_raises(autojump_clock: Any) -> N
     with pytest.raises(RuntimeError):
         await hand_back(release, until=trio.current_time() + 60, stopping=lambda: False)
     assert len(release.calls) == 1
+
+
+async def test_an_unshielded_hand_back_does_not_wait_for_storage_that_hangs_past_a_cancel(
+    autojump_clock: Any,
+) -> None:
+    """A shutdown past its grace: a shielded attempt waits its full
+    ATTEMPT_SECONDS on storage that hangs; an unshielded one ends at once."""
+    async def hangs() -> None:
+        await trio.sleep_forever()
+
+    for shield, waited in ((True, ATTEMPT_SECONDS), (False, 0.0)):
+        start = trio.current_time()
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await hand_back(hangs, until=start + 60, stopping=lambda: True, shield=shield)
+        assert trio.current_time() - start == pytest.approx(waited)

@@ -332,14 +332,14 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
             if self._closing and self._in_flight == 0 and not self._done:
                 return
 
-    async def _hand_back(self, items: Sequence[ItemT]) -> None:
+    async def _hand_back(self, items: Sequence[ItemT], *, shield: bool = True) -> None:
         """Release ``items``, retried while storage is down (``handback``)."""
         if not items:
             return
         until = self._until(items)
         try:
             await hand_back(lambda: self._job.release(items), until=until,
-                            stopping=self._stopping)
+                            stopping=self._stopping, shield=shield)
         finally:
             for item in items:
                 self._ends.pop(id(item), None)
@@ -352,13 +352,17 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
     async def _settle(self) -> None:
         """What the actor leaves leased as it ends (its recorder failed while
         rows went on finishing): rows performed are recorded, the others
-        handed back; while storage is down, once it answers (``handback``)."""
+        handed back; while storage is down, once it answers (``handback``).
+        In a shutdown, not shielded: what the rows in flight handed back
+        already took the shutdown's last shielded wait, and a shutdown past
+        its grace leaves the rest to their leases."""
+        shield = not self._stopping()
         done, self._done = self._done, []
         if done:
             items = [item for item, _outcome in done]
             try:
                 if await hand_back(lambda: self._job.record(done), until=self._until(items),
-                                   stopping=self._stopping):
+                                   stopping=self._stopping, shield=shield):
                     for item in items:
                         self._ends.pop(id(item), None)
             except Exception:
@@ -366,4 +370,4 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
                             "back", len(done), exc_info=True)
         left = [item for item, _ends in self._ends.values()]
         if left:
-            await self._hand_back(left)
+            await self._hand_back(left, shield=shield)

@@ -36,12 +36,15 @@ ATTEMPT_SECONDS = 2.0
 
 
 async def hand_back(
-    release: Callable[[], Awaitable[None]], *, until: float, stopping: Callable[[], bool]
+    release: Callable[[], Awaitable[None]], *, until: float, stopping: Callable[[], bool],
+    shield: bool = True,
 ) -> bool:
-    """Run ``release`` (see the module's docstring); whether it ran."""
+    """Run ``release`` (see the module's docstring); whether it ran.
+    ``shield=False``: an attempt a cancellation cuts short is not waited for
+    (a shutdown past its grace must not wait for storage that hangs)."""
     waited = False
     while True:
-        with trio.move_on_after(ATTEMPT_SECONDS, shield=True):
+        with trio.move_on_after(ATTEMPT_SECONDS, shield=shield):
             try:
                 await release()
             except Exception as error:
