@@ -1,4 +1,4 @@
-"""Handing leased rows back when storage is down.
+"""Handing leased rows (or any claim) back when storage is down.
 
 An actor that stops with rows leased (it crashed, or a record failed)
 hands them back at once, so that they are taken up again now rather than
@@ -40,8 +40,8 @@ async def hand_back(
     shield: bool = True,
 ) -> bool:
     """Run ``release`` (see the module's docstring); whether it ran.
-    ``shield=False``: an attempt a cancellation cuts short is not waited for
-    (a shutdown past its grace must not wait for storage that hangs)."""
+    ``shield=False``: a cancellation ends the attempt and the waits between
+    them (a shutdown past its grace must not wait for storage that hangs)."""
     waited = False
     while True:
         with trio.move_on_after(ATTEMPT_SECONDS, shield=shield):
@@ -52,10 +52,10 @@ async def hand_back(
                     raise
             else:
                 if waited:
-                    log.info("leased rows handed back once storage answered again")
+                    log.info("handed back once storage answered again")
                 return True
         if stopping() or trio.current_time() + RETRY_SECONDS >= until:
             return False
         waited = True
-        with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=shield):
             await trio.sleep(RETRY_SECONDS)

@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from uuid import UUID
 
 import trio
 
+from tidings.actors.handback import hand_back
 from tidings.actors.mailbox import Reply
 from tidings.actors.runtime import Runtime
 from tidings.actors.supervisor import Actor, Supervisor
@@ -24,7 +26,6 @@ from tidings.config import Config
 from tidings.sealing import Sealer, is_sealed, load_key
 from tidings.storage import idempotency as records
 from tidings.storage.db import AsyncioConnection, Database
-from tidings.storage.errors import unavailable
 
 log = logging.getLogger("tidings.idempotency")
 
@@ -208,8 +209,6 @@ class Releases:
     client's retry runs instead of meeting "still processing" until the
     claim's lock expires. One singleton per process works through them."""
 
-    RETRY_SECONDS = 0.5
-
     def __init__(self, db: Database, lock_seconds: float) -> None:
         self._db = db
         self._lock_seconds = lock_seconds
@@ -224,15 +223,14 @@ class Releases:
 
     async def run(self) -> None:
         async for deadline, scope, key, claim in self._receive:
-            while trio.current_time() < deadline:
-                try:
-                    async with self._db.acquire() as conn:
-                        await records.release(conn, scope, key, claim)
-                    break
-                except Exception as error:
-                    if not unavailable(error):
-                        raise
-                    await trio.sleep(self.RETRY_SECONDS)
+            # Not shielded: nothing is cut short by a shutdown here, and the
+            # claim's lock frees the key then anyway.
+            await hand_back(partial(self._release, scope, key, claim), until=deadline,
+                            stopping=lambda: False, shield=False)
+
+    async def _release(self, scope: UUID, key: str, claim: UUID) -> None:
+        async with self._db.acquire() as conn:
+            await records.release(conn, scope, key, claim)
 
 
 class IdempotencyKeys:
