@@ -483,10 +483,17 @@ async def test_a_worker_that_dies_while_the_database_is_down_is_replaced_once_it
             assert seen - {min(first)} == {max(first)}
             assert process.returncode is None
             await nursery.start(proxy.serve)  # the database is back
+            async def ready(client: httpx.AsyncClient) -> bool:
+                try:
+                    return (await client.get(f"{url}/readyz")).status_code == 200
+                except httpx.TransportError:
+                    # Seen once on a loaded CI machine as the replacement
+                    # started; whether the survivor served on is asserted below.
+                    return False
+
             async with httpx.AsyncClient() as client:
                 with trio.fail_after(60):
-                    while len(workers_of(process.pid)) < 2 or (
-                        await client.get(f"{url}/readyz")).status_code != 200:
+                    while len(workers_of(process.pid)) < 2 or not await ready(client):
                         await trio.sleep(0.2)
             assert process.returncode is None and max(first) in workers_of(process.pid)
             process.send_signal(signal.SIGTERM)
