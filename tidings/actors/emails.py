@@ -30,6 +30,7 @@ from tidings.actors.runtime import Runtime
 from tidings.actors.service_keys import SharedKey
 from tidings.config import Config
 from tidings.email.bounce_addresses import KEY_NAME, BounceKey
+from tidings.gathering import Gathering
 from tidings.ids import new_id
 from tidings.providers.email import (
     Deferral,
@@ -43,6 +44,7 @@ from tidings.storage import emails_sending as store
 from tidings.storage.db import Database
 from tidings.storage.domains import SendingDomain, domain_key
 from tidings.storage.emails import DUE_CHANNEL, Change, Clock, recipients_text
+from tidings.storage.emails_accept import NewEmail, accept
 
 log = logging.getLogger("tidings.emails")
 
@@ -66,6 +68,10 @@ class Emails:
         self._keys: dict[UUID, SendingDomain] = {}
         self._bounce_key = SharedKey(
             db, config.secret_key, KEY_NAME, BounceKey, BounceKey.derived
+        )
+        # Concurrent single sends of a team, stored together (asyncio side).
+        self.accepting: Gathering[UUID, NewEmail, NewEmail] = Gathering(
+            lambda conn, team_id, emails: accept(conn, team_id, emails, config.quotas)
         )
 
     async def bounce_key(self) -> BounceKey:

@@ -246,7 +246,10 @@ async def _prepare(call: Call, body: SendEmail, now: datetime) -> store.NewEmail
 
 async def accept(call: Call, emails: list[store.NewEmail], batch: bool) -> None:
     try:
-        await store.accept(call.conn, call.team_id, emails, call.service.config.quotas)
+        if batch:
+            await store.accept(call.conn, call.team_id, emails, call.service.config.quotas)
+        else:
+            await call.service.emails.accepting.store(call.conn, call.team_id, emails)
     except store.UnverifiedDomain as error:
         where = f"{error.index}.from" if batch else "from"
         raise unprocessable(

@@ -1,0 +1,220 @@
+"""Sends of one team that arrive while another is being stored are stored
+together, by one statement (``tidings.gathering``), each with its own answer.
+
+A lock on the emails table holds the first send (the leader) in PostgreSQL
+while the others arrive and wait in line; rows written by one statement
+share its transaction id (``xmin``), which tells the groups apart.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import Credential, assert_error
+from tests.email.helpers import SENDER, events, later, ok
+from tidings.config import Config
+from tidings.service import Service
+from tidings.storage import quotas
+from tidings.storage.connection import AsyncioConnection
+from tidings.storage.emails_accept import NewEmail
+from tidings.storage.quotas import LimitChange
+
+FOLLOWERS = 6
+
+
+@pytest.fixture
+def config(database_url: str) -> Config:
+    # A connection for the test's lock, the leader and every follower.
+    return Config(database_url=database_url, db_pool_size=FOLLOWERS + 4,
+                  rate_limit_per_second=0, shutdown_grace_seconds=2)
+
+
+@pytest.fixture
+def client(client: httpx.AsyncClient, acme_domain: str) -> httpx.AsyncClient:
+    return client
+
+
+def email(number: int, **fields: Any) -> dict[str, Any]:
+    # Scheduled for tomorrow: nothing sends them, so no later update moves xmin.
+    body = {"from": SENDER, "to": f"reader{number}@example.com", "subject": f"Issue {number}",
+            "html": f"<p>Issue {number}</p>", "scheduled_at": later(days=1)}
+    body.update(fields)
+    return body
+
+
+async def waiting_on_lock(service: Service, count: int) -> None:
+    """Until ``count`` sessions wait for a lock (the test holds it)."""
+    with trio.fail_after(10):
+        while True:
+            async with service.db.acquire() as conn:
+                waiting = await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            if waiting >= count:
+                return
+            await trio.sleep(0.02)
+
+
+async def held_in_line(
+    service: Service, leader: Any, followers: list[Any]
+) -> None:
+    """Start ``leader`` while the emails table is locked, then ``followers``
+    once it waits; release the lock when they have had time to line up."""
+    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE emails IN SHARE MODE")
+            nursery.start_soon(leader)
+            await waiting_on_lock(service, 1)
+            for follower in followers:
+                nursery.start_soon(follower)
+            await trio.sleep(0.5)
+
+
+async def statements(service: Service, team_id: UUID) -> dict[str, list[str]]:
+    """The team's email subjects by the transaction that stored them."""
+    async with service.db.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT xmin::text AS xid, subject FROM emails WHERE team_id = $1", team_id
+        )
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        groups.setdefault(row["xid"], []).append(row["subject"])
+    return {xid: sorted(subjects) for xid, subjects in groups.items()}
+
+
+async def test_sends_that_wait_in_line_are_stored_by_one_statement(
+    client: httpx.AsyncClient, service: Service, acme: Credential
+) -> None:
+    answers: dict[int, httpx.Response] = {}
+
+    bodies = {number: email(number) for number in range(FOLLOWERS + 2)}
+
+    def post(number: int, **headers: str) -> Any:
+        async def run() -> None:
+            answers[number] = await client.post("/emails", json=bodies[number], headers=headers)
+        return run
+
+    keyed = FOLLOWERS + 1  # with a key: in its own transaction, never in a group
+    await held_in_line(service, post(0), [
+        *(post(n) for n in range(1, FOLLOWERS + 1)), post(keyed, **{"Idempotency-Key": "k-1"}),
+    ])
+
+    ids = {n: ok(answer, 202)["id"] for n, answer in answers.items()}
+    assert len(set(ids.values())) == FOLLOWERS + 2
+    by_size = sorted((await statements(service, acme.team_id)).values(),
+                     key=lambda subjects: (len(subjects), subjects))
+    assert by_size == [
+        ["Issue 0"], [f"Issue {keyed}"], sorted(f"Issue {n}" for n in range(1, FOLLOWERS + 1)),
+    ]
+    # Each is whole: its own recipient and first event.
+    for number, email_id in ids.items():
+        shown = ok(await client.get(f"/emails/{email_id}"))
+        assert shown["subject"] == f"Issue {number}"
+        assert shown["to"] == [f"reader{number}@example.com"]
+        assert [event["type"] for event in await events(client, email_id)] == ["scheduled"]
+    # The keyed send replays its own answer.
+    replay = await client.post("/emails", json=bodies[keyed], headers={"Idempotency-Key": "k-1"})
+    assert ok(replay, 202)["id"] == ids[keyed]
+
+
+async def test_a_member_the_group_cannot_store_fails_alone(
+    client: httpx.AsyncClient, service: Service, acme: Credential
+) -> None:
+    answers: dict[int, httpx.Response] = {}
+
+    def post(number: int, **fields: Any) -> Any:
+        async def run() -> None:
+            answers[number] = await client.post("/emails", json=email(number, **fields))
+        return run
+
+    await held_in_line(service, post(0), [
+        post(1), post(2, **{"from": "Else <hi@elsewhere.example>"}), post(3),
+    ])
+
+    message = assert_error(answers[2], 422, "UNPROCESSABLE_ENTITY")
+    assert message.startswith("from: 'elsewhere.example' is not a verified sending domain")
+    for number in (0, 1, 3):
+        ok(answers[number], 202)
+    stored = sorted(s for subjects in (await statements(service, acme.team_id)).values()
+                    for s in subjects)
+    assert stored == ["Issue 0", "Issue 1", "Issue 3"]
+
+
+async def test_a_quota_with_room_for_part_of_a_group_takes_that_part(
+    client: httpx.AsyncClient, service: Service, acme: Credential
+) -> None:
+    async with service.db.acquire() as conn:
+        await quotas.set_limits(conn, acme.team_id, [LimitChange("email", "day", 3)])
+    answers: dict[int, httpx.Response] = {}
+
+    def post(number: int) -> Any:
+        async def run() -> None:
+            answers[number] = await client.post("/emails", json=email(number))
+        return run
+
+    # The leader takes one; four in line would make five: each then alone.
+    await held_in_line(service, post(0), [post(n) for n in range(1, 5)])
+
+    statuses = sorted(answer.status_code for answer in answers.values())
+    assert statuses == [202, 202, 202, 402, 402], [a.text for a in answers.values()]
+    for answer in answers.values():
+        if answer.status_code == 402:
+            assert_error(answer, 402, "PAYMENT_REQUIRED")
+    stored = [s for subjects in (await statements(service, acme.team_id)).values()
+              for s in subjects]
+    assert len(stored) == 3
+
+
+def new_email(number: int) -> NewEmail:
+    address = f"reader{number}@example.com"
+    return NewEmail(
+        from_address=SENDER, from_email="hi@acme.example", to=[address], to_lookup=[address],
+        cc=[], bcc=[], reply_to=[], send_to=[address], subject=f"Issue {number}",
+        html="<p>Hi</p>", text=None, headers={}, tags=[],
+        scheduled_at=datetime.now(UTC) + timedelta(days=1), domain="acme.example",
+        provider="sandbox",
+    )
+
+
+async def test_requests_cancelled_in_line_or_while_leading_leave_the_others_whole(
+    service: Service, acme: Credential, acme_domain: str
+) -> None:
+    async def store(conn: AsyncioConnection, number: int) -> list[NewEmail]:
+        return await service.emails.accepting.store(conn, acme.team_id, [new_email(number)])
+
+    stored: dict[int, list[NewEmail]] = {}
+    scopes: dict[int, trio.CancelScope] = {}
+
+    def unit(number: int) -> Any:
+        async def run() -> None:
+            with trio.CancelScope() as scopes[number]:
+                stored[number] = await service.db.run(store, number)
+        return run
+
+    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE emails IN SHARE MODE")
+            nursery.start_soon(unit(0))  # leads alone, held by the lock
+            await waiting_on_lock(service, 1)
+            for number in (1, 2, 3):
+                nursery.start_soon(unit(number))
+                await trio.sleep(0.1)  # in line in this order
+            scopes[3].cancel()  # leaves the line
+            await trio.sleep(0.1)
+            scopes[0].cancel()  # its statement is cancelled: 1 leads 1 and 2, held too
+            await waiting_on_lock(service, 1)
+            await trio.sleep(0.2)
+            scopes[1].cancel()  # the group's statement goes on for 2's sake
+            await trio.sleep(0.2)
+
+    assert set(stored) == {2}
+    assert [e.subject for e in stored[2]] == ["Issue 2"]
+    groups = await statements(service, acme.team_id)
+    assert sorted(groups.values()) == [["Issue 1", "Issue 2"]]
