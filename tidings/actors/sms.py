@@ -39,6 +39,7 @@ from tidings.actors.drain import Drain
 from tidings.actors.duework import Batch, Due, DueWork, LeasedWorker
 from tidings.actors.runtime import Runtime
 from tidings.config import Config
+from tidings.gathering import Gathering
 from tidings.ids import new_id
 from tidings.providers.sms import (
     MAX_RETRY_AFTER,
@@ -51,7 +52,8 @@ from tidings.providers.sms import (
 )
 from tidings.storage import sms_sending as store
 from tidings.storage.db import Database
-from tidings.storage.sms import DUE_CHANNEL, Report
+from tidings.storage.sms import DUE_CHANNEL, NewSms, Report, Sms
+from tidings.storage.sms_group import accept_group
 
 log = logging.getLogger("tidings.sms")
 
@@ -77,6 +79,10 @@ class SmsSide:
         self.followups: Due[str] | None = None
         # Attempts by what they recorded: submitted, retrying, failed, ...
         self.attempts: Counter[str] = Counter()
+        # Concurrent sends of a team, stored together (asyncio side).
+        self.accepting: Gathering[UUID, NewSms, Sms] = Gathering(
+            lambda conn, team_id, messages: accept_group(conn, team_id, messages, config.quotas)
+        )
 
     @property
     def status_callback(self) -> str | None:

@@ -128,7 +128,7 @@ def new_sms(call: Call, body: SendSms) -> store.NewSms:
 async def send_sms(call: Call, body: SendSms) -> dict[str, Any]:
     sms = new_sms(call, body)
     try:
-        stored = await store.accept(call.conn, call.team_id, sms, call.service.config.quotas)
+        [stored] = await call.service.sms.accepting.store(call.conn, call.team_id, [sms])
     except store.SenderNotApproved as refused:
         state = "is not a sender ID of the team" if refused.status is None else (
             f"is a {refused.status} sender ID, not an approved one"
