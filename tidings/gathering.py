@@ -60,11 +60,15 @@ class Gathering(Generic[Key, Item, Stored]):
     """Lines of members, one per key (a team), each line stored by one call
     of ``store(conn, key, items)`` that returns what it stored, one per item
     in order, and stores all or nothing; ``most``: the items one call stores
-    at most."""
+    at most; ``grace``: the seconds a cancelled leader still waits for its
+    group's statement before it cuts the statement short too."""
 
-    def __init__(self, store: Store[Key, Item, Stored], most: int = 100) -> None:
+    def __init__(
+        self, store: Store[Key, Item, Stored], most: int = 100, grace: float = 5.0
+    ) -> None:
         self._store = store
         self._most = most
+        self.grace = grace
         self._lines: dict[Key, deque[_Member[Item, Stored]]] = {}
 
     async def store(self, conn: Connection, key: Key, items: Sequence[Item]) -> list[Stored]:
@@ -119,14 +123,31 @@ class Gathering(Generic[Key, Item, Stored]):
     ) -> list[Stored]:
         items = [item for member in group for item in member.items]
         # The statement runs to its end even if the leader's request is
-        # cancelled: the others' answers depend on it.
+        # cancelled, since the others' answers depend on it; but for no more
+        # than ``grace`` seconds (storage that hangs must not hold a
+        # shutdown): then it is cut short, and the others are told storage
+        # did not answer, as they would have been alone.
         task = asyncio.ensure_future(self._store(conn, key, items))
         cancelled = False
         while not task.done():
             try:
-                await asyncio.wait({task})  # which cancellation does not cancel
+                # asyncio.wait: a cancellation of the leader does not cancel it.
+                await asyncio.wait({task}, timeout=self.grace if cancelled else None)
             except asyncio.CancelledError:
                 cancelled = True
+                continue
+            if cancelled and not task.done():
+                task.cancel()
+                while not task.done():  # asyncpg ends the query at once
+                    try:
+                        await asyncio.wait({task})
+                    except asyncio.CancelledError:
+                        pass
+                if task.cancelled():
+                    cut = TimeoutError("storage did not answer before the request was cut short")
+                    for member in group[1:]:
+                        _answer(member, cut)
+                    raise asyncio.CancelledError()
         try:
             stored = task.result()
         except Exception as error:

@@ -218,3 +218,47 @@ async def test_requests_cancelled_in_line_or_while_leading_leave_the_others_whol
     assert [e.subject for e in stored[2]] == ["Issue 2"]
     groups = await statements(service, acme.team_id)
     assert sorted(groups.values()) == [["Issue 1", "Issue 2"]]
+
+
+async def test_a_cancelled_leader_waits_its_grace_then_the_others_are_told_storage_did_not_answer(
+    service: Service, acme: Credential, acme_domain: str
+) -> None:
+    service.emails.accepting.grace = 0.3
+    outcomes: dict[int, object] = {}
+    scopes: dict[int, trio.CancelScope] = {}
+
+    async def store(conn: AsyncioConnection, number: int) -> list[NewEmail]:
+        return await service.emails.accepting.store(conn, acme.team_id, [new_email(number)])
+
+    def unit(number: int) -> Any:
+        async def run() -> None:
+            with trio.CancelScope() as scopes[number]:
+                try:
+                    outcomes[number] = await service.db.run(store, number)
+                except TimeoutError as error:
+                    outcomes[number] = error
+        return run
+
+    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE emails IN SHARE MODE")
+            nursery.start_soon(unit(0))
+            await waiting_on_lock(service, 1)
+            for number in (1, 2):
+                nursery.start_soon(unit(number))
+                await trio.sleep(0.1)
+            scopes[0].cancel()  # 1 leads 1 and 2, held by the lock
+            await trio.sleep(0.2)
+            await waiting_on_lock(service, 1)
+            began = trio.current_time()
+            scopes[1].cancel()
+            with trio.fail_after(5):
+                while 2 not in outcomes:
+                    await trio.sleep(0.02)
+            waited = trio.current_time() - began
+            # The lock is still held: the statement was cut short, not finished.
+
+    assert 0.25 <= waited < 2, waited
+    assert set(outcomes) == {2}
+    assert isinstance(outcomes[2], TimeoutError)
+    assert await statements(service, acme.team_id) == {}
