@@ -44,6 +44,8 @@ Stored = TypeVar("Stored")
 # A waiting member's answers that are not its result.
 _LEAD = object()  # store the line now, on your own connection
 _ALONE = object()  # the group was refused: store yours alone
+# How often a cancelled leader looks whether anyone still waits (seconds).
+_POLL = 0.05
 
 
 @dataclass(eq=False)
@@ -123,31 +125,33 @@ class Gathering(Generic[Key, Item, Stored]):
     ) -> list[Stored]:
         items = [item for member in group for item in member.items]
         # The statement runs to its end even if the leader's request is
-        # cancelled, since the others' answers depend on it; but for no more
-        # than ``grace`` seconds (storage that hangs must not hold a
-        # shutdown): then it is cut short, and the others are told storage
-        # did not answer, as they would have been alone.
+        # cancelled, while another member still waits for its answer; but
+        # for no more than ``grace`` seconds (storage that hangs must not
+        # hold a shutdown). Then, or as soon as nobody waits any more (a
+        # shutdown cancels every request), it is cut short: rolled back, and
+        # any member still waiting is told storage did not answer, as it
+        # would have been alone.
         task = asyncio.ensure_future(self._store(conn, key, items))
-        cancelled = False
+        loop = asyncio.get_running_loop()
+        cancelled_at: float | None = None
         while not task.done():
-            try:
-                # asyncio.wait: a cancellation of the leader does not cancel it.
-                await asyncio.wait({task}, timeout=self.grace if cancelled else None)
-            except asyncio.CancelledError:
-                cancelled = True
-                continue
-            if cancelled and not task.done():
-                task.cancel()
-                while not task.done():  # asyncpg ends the query at once
-                    try:
-                        await asyncio.wait({task})
-                    except asyncio.CancelledError:
-                        pass
+            if cancelled_at is not None and (
+                loop.time() - cancelled_at >= self.grace or not _waiting(group[1:])
+            ):
+                await _cut(task)
                 if task.cancelled():
                     cut = TimeoutError("storage did not answer before the request was cut short")
                     for member in group[1:]:
                         _answer(member, cut)
                     raise asyncio.CancelledError()
+                break
+            try:
+                # asyncio.wait: a cancellation of the leader does not cancel the task.
+                await asyncio.wait({task}, timeout=None if cancelled_at is None else _POLL)
+            except asyncio.CancelledError:
+                if cancelled_at is None:
+                    cancelled_at = loop.time()
+        cancelled = cancelled_at is not None
         try:
             stored = task.result()
         except Exception as error:
@@ -190,6 +194,23 @@ def _answer(member: _Member[Any, Any], answer: object) -> bool:
     else:
         member.answer.set_result(answer)
     return True
+
+
+def _waiting(members: Sequence[_Member[Any, Any]]) -> bool:
+    """Whether any of ``members`` still waits for its answer (a request
+    cancelled while it waits cancels its answer)."""
+    return any(m.answer is not None and not m.answer.done() for m in members)
+
+
+async def _cut(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and wait for it to end, whatever cancels the caller
+    meanwhile (asyncpg ends a cancelled query at once)."""
+    task.cancel()
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            pass
 
 
 def _led(member: _Member[Any, Any]) -> bool:

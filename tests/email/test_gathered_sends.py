@@ -262,3 +262,47 @@ async def test_a_cancelled_leader_waits_its_grace_then_the_others_are_told_stora
     assert set(outcomes) == {2}
     assert isinstance(outcomes[2], TimeoutError)
     assert await statements(service, acme.team_id) == {}
+
+
+async def test_a_group_whose_every_request_is_cancelled_is_cut_short_at_once(
+    service: Service, acme: Credential, acme_domain: str
+) -> None:
+    # As a shutdown does: every request in flight is cancelled. Nobody waits
+    # for the group's statement any more, so it is rolled back at once.
+    ended: dict[int, float] = {}
+    scopes: dict[int, trio.CancelScope] = {}
+
+    async def store(conn: AsyncioConnection, number: int) -> list[NewEmail]:
+        return await service.emails.accepting.store(conn, acme.team_id, [new_email(number)])
+
+    def unit(number: int) -> Any:
+        async def run() -> None:
+            with trio.CancelScope() as scopes[number]:
+                await service.db.run(store, number)
+            ended[number] = trio.current_time()
+        return run
+
+    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE emails IN SHARE MODE")
+            nursery.start_soon(unit(0))
+            await waiting_on_lock(service, 1)
+            for number in (1, 2, 3):
+                nursery.start_soon(unit(number))
+                await trio.sleep(0.1)
+            scopes[0].cancel()  # 1 leads 1, 2 and 3, held by the lock
+            await trio.sleep(0.2)
+            await waiting_on_lock(service, 1)
+            scopes[1].cancel()
+            await trio.sleep(0.3)
+            assert 1 not in ended  # 2 and 3 still wait: the statement goes on
+            scopes[2].cancel()
+            scopes[3].cancel()
+            last = trio.current_time()
+            with trio.fail_after(2):
+                while len(ended) < 4:
+                    await trio.sleep(0.02)
+            assert ended[1] - last < 1  # not the grace of 5 s
+            # The lock is still held: nothing committed.
+
+    assert await statements(service, acme.team_id) == {}
