@@ -16,10 +16,14 @@ A group is stored all or nothing. When it is refused (a domain not
 verified, a quota exceeded, anything PostgreSQL or the caller's code
 refuses), nothing is stored, and each member stores its own messages
 alone, on its own connection, to get its own answer: one member's bad
-input or a quota that has room for some of them fails no one else. Only
-storage being unavailable (``tidings.storage.errors.outage``), when whether
-the statement committed is not known, is every member's answer, as it
-would have been alone.
+input or a quota that has room for some of them fails no one else. When
+storage did not answer the group's statement (``tidings.storage.errors.
+outage``: the leader's connection lost, or the server down), whether it
+committed is not known: the leader answers so, and each other member tries
+again alone, on its own connection. Its messages' ids are those the group
+used, so a retry cannot store them twice: one that finds them stored
+(the group committed after all) answers, as the leader did, that storage
+did not answer.
 
 Asyncio only, on the loop that storage units run on: a request inside a
 transaction (one with an ``Idempotency-Key``) is stored alone, since the
@@ -34,6 +38,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from asyncpg import UniqueViolationError
+
 from tidings.storage.connection import Connection
 from tidings.storage.errors import outage
 
@@ -44,6 +50,16 @@ Stored = TypeVar("Stored")
 # A waiting member's answers that are not its result.
 _LEAD = object()  # store the line now, on your own connection
 _ALONE = object()  # the group was refused: store yours alone
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """Storage did not answer the group's statement (``error``): store yours
+    alone; if they were stored meanwhile, ``error`` is the answer."""
+
+    error: Exception
+
+
 # How often a cancelled leader looks whether anyone still waits (seconds).
 _POLL = 0.05
 
@@ -98,6 +114,11 @@ class Gathering(Generic[Key, Item, Stored]):
             return await self._lead(conn, key, member)
         if answer is _ALONE:
             return await self._store(conn, key, items)
+        if isinstance(answer, _Retry):
+            try:
+                return await self._store(conn, key, items)
+            except UniqueViolationError:
+                raise answer.error from None
         return member.stored
 
     async def _lead(
@@ -128,9 +149,8 @@ class Gathering(Generic[Key, Item, Stored]):
         # cancelled, while another member still waits for its answer; but
         # for no more than ``grace`` seconds (storage that hangs must not
         # hold a shutdown). Then, or as soon as nobody waits any more (a
-        # shutdown cancels every request), it is cut short: rolled back, and
-        # any member still waiting is told storage did not answer, as it
-        # would have been alone.
+        # shutdown cancels every request), it is cut short, and any member
+        # still waiting tries alone (``_Retry``).
         task = asyncio.ensure_future(self._store(conn, key, items))
         loop = asyncio.get_running_loop()
         cancelled_at: float | None = None
@@ -142,7 +162,7 @@ class Gathering(Generic[Key, Item, Stored]):
                 if task.cancelled():
                     cut = TimeoutError("storage did not answer before the request was cut short")
                     for member in group[1:]:
-                        _answer(member, cut)
+                        _answer(member, _Retry(cut))
                     raise asyncio.CancelledError()
                 break
             try:
@@ -157,7 +177,7 @@ class Gathering(Generic[Key, Item, Stored]):
         except Exception as error:
             if outage(error):
                 for member in group[1:]:
-                    _answer(member, error)
+                    _answer(member, _Retry(error))
                 raise
             for member in group[1:]:
                 _answer(member, _ALONE)

@@ -220,11 +220,12 @@ async def test_requests_cancelled_in_line_or_while_leading_leave_the_others_whol
     assert sorted(groups.values()) == [["Issue 1", "Issue 2"]]
 
 
-async def test_a_cancelled_leader_waits_its_grace_then_the_others_are_told_storage_did_not_answer(
+async def test_a_cancelled_leader_waits_its_grace_then_the_others_try_alone(
     service: Service, acme: Credential, acme_domain: str
 ) -> None:
     service.emails.accepting.grace = 0.3
-    outcomes: dict[int, object] = {}
+    stored: dict[int, list[NewEmail]] = {}
+    ended: dict[int, float] = {}
     scopes: dict[int, trio.CancelScope] = {}
 
     async def store(conn: AsyncioConnection, number: int) -> list[NewEmail]:
@@ -233,10 +234,8 @@ async def test_a_cancelled_leader_waits_its_grace_then_the_others_are_told_stora
     def unit(number: int) -> Any:
         async def run() -> None:
             with trio.CancelScope() as scopes[number]:
-                try:
-                    outcomes[number] = await service.db.run(store, number)
-                except TimeoutError as error:
-                    outcomes[number] = error
+                stored[number] = await service.db.run(store, number)
+            ended[number] = trio.current_time()
         return run
 
     async with trio.open_nursery() as nursery, service.db.acquire() as conn:
@@ -251,17 +250,18 @@ async def test_a_cancelled_leader_waits_its_grace_then_the_others_are_told_stora
             await trio.sleep(0.2)
             await waiting_on_lock(service, 1)
             began = trio.current_time()
-            scopes[1].cancel()
+            scopes[1].cancel()  # 2 still waits: the statement goes on, for 0.3 s
             with trio.fail_after(5):
-                while 2 not in outcomes:
+                while 1 not in ended:
                     await trio.sleep(0.02)
-            waited = trio.current_time() - began
-            # The lock is still held: the statement was cut short, not finished.
+            assert 0.25 <= ended[1] - began < 2
+            # The statement was cut short, not finished (the lock is held):
+            # 2 now waits on its own statement, which commits once it is free.
+            await waiting_on_lock(service, 1)
+            assert 2 not in ended
 
-    assert 0.25 <= waited < 2, waited
-    assert set(outcomes) == {2}
-    assert isinstance(outcomes[2], TimeoutError)
-    assert await statements(service, acme.team_id) == {}
+    assert set(stored) == {2}
+    assert list((await statements(service, acme.team_id)).values()) == [["Issue 2"]]
 
 
 async def test_a_group_whose_every_request_is_cancelled_is_cut_short_at_once(
@@ -306,3 +306,44 @@ async def test_a_group_whose_every_request_is_cancelled_is_cut_short_at_once(
             # The lock is still held: nothing committed.
 
     assert await statements(service, acme.team_id) == {}
+
+
+async def test_when_the_groups_connection_is_lost_the_others_try_alone(
+    client: httpx.AsyncClient, service: Service, acme: Credential
+) -> None:
+    answers: dict[int, httpx.Response] = {}
+
+    def post(number: int) -> Any:
+        async def run() -> None:
+            answers[number] = await client.post("/emails", json=email(number))
+        return run
+
+    async def end_the_waiting_backend(conn: Any) -> None:
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+
+    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE emails IN SHARE MODE")
+            nursery.start_soon(post(0))
+            await waiting_on_lock(service, 1)
+            for number in range(1, 5):
+                nursery.start_soon(post(number))
+            await trio.sleep(0.5)
+            await end_the_waiting_backend(conn)  # 0's: the first in line leads the rest
+            await trio.sleep(0.3)
+            await waiting_on_lock(service, 1)
+            await end_the_waiting_backend(conn)  # the group's: the other three try alone
+            await waiting_on_lock(service, 3)
+
+    # 0 and the first in line (its group's leader) lost their connections.
+    assert_error(answers[0], 503, "SERVICE_UNAVAILABLE")
+    lost = [n for n, answer in answers.items() if answer.status_code == 503]
+    assert len(lost) == 2, {n: a.text for n, a in answers.items()}
+    for number in set(range(1, 5)) - set(lost):
+        ok(answers[number], 202)
+    assert sorted((await statements(service, acme.team_id)).values()) == [
+        [f"Issue {n}"] for n in sorted(set(range(1, 5)) - set(lost))
+    ]
