@@ -347,3 +347,38 @@ async def test_when_the_groups_connection_is_lost_the_others_try_alone(
     assert sorted((await statements(service, acme.team_id)).values()) == [
         [f"Issue {n}"] for n in sorted(set(range(1, 5)) - set(lost))
     ]
+
+
+async def test_sends_whose_connections_ended_while_in_line_answer_503(
+    client: httpx.AsyncClient, service: Service, acme: Credential
+) -> None:
+    answers: dict[int, httpx.Response] = {}
+
+    def post(number: int) -> Any:
+        async def run() -> None:
+            answers[number] = await client.post("/emails", json=email(number))
+        return run
+
+    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE emails IN SHARE MODE")
+            nursery.start_soon(post(0))
+            await waiting_on_lock(service, 1)
+            for number in range(1, 4):
+                nursery.start_soon(post(number))
+            await trio.sleep(0.5)
+            # The idle connections the sends in line hold (a restart of
+            # PostgreSQL ends them all; here only the idle ones).
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE state = 'idle' AND datname = current_database()"
+                " AND query NOT ILIKE '%LISTEN%'"
+            )
+            await trio.sleep(0.3)
+
+    ok(answers[0], 202)
+    for number in range(1, 4):
+        assert_error(answers[number], 503, "SERVICE_UNAVAILABLE")
+    assert list((await statements(service, acme.team_id)).values()) == [["Issue 0"]]
+    # The pool mends: the next send is stored.
+    ok(await client.post("/emails", json=email(9)), 202)

@@ -44,8 +44,14 @@ def unavailable(error: BaseException) -> bool:
     """Whether ``error`` means storage cannot be reached now (see UNAVAILABLE)."""
     if isinstance(error, UNAVAILABLE):
         return True
-    # asyncpg's own: a pooled connection whose server went away.
-    if isinstance(error, asyncpg.InterfaceError) and "connection is closed" in str(error):
+    # asyncpg's own: a pooled connection whose server went away; or whose
+    # server ended it while its holder waited (a send in a group's line, see
+    # ``tidings.gathering``): asyncpg then detaches it from its holder.
+    # Tidings never uses a connection it has given back to the pool.
+    if isinstance(error, asyncpg.InterfaceError) and (
+        "connection is closed" in str(error)
+        or "connection has been released back to the pool" in str(error)
+    ):
         return True
     # A query sent after the server's farewell (a FATAL for a connection it
     # ends, as on shutdown) had arrived but before the socket's end had:
