@@ -43,6 +43,12 @@ log = logging.getLogger("tidings.actors")
 
 # A hand-back is retried until this long before the rows' leases end.
 LEASE_MARGIN = 1.0
+# Once the actor is asked to stop, a claim under way is shielded from its
+# cancellation for at most this long more: one that PostgreSQL holds longer
+# (a lock another session holds) is cut short, its statement cancelled with
+# nothing leased; so a shutdown keeps its deadline (grace + 5 s) however
+# long the lock is held.
+CLAIM_SHIELD_SECONDS = 4.0
 
 K = TypeVar("K", bound=Hashable)
 ItemT = TypeVar("ItemT")  # an item of work, as claimed
@@ -228,6 +234,8 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
         # lease ends at the earliest, on trio's clock (by object: rows need
         # not be hashable).
         self._ends: dict[int, tuple[ItemT, float]] = {}
+        # The scope of a claim under way (see ``_loop``).
+        self._claiming: trio.CancelScope | None = None
         # A row failed or was cut short: the actor is going down, so it
         # claims nothing more (a row it gives back is not taken again here).
         self._failing = False
@@ -254,6 +262,10 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
             async for _wake in mailbox:
                 self._poked.set()
         self._poked.set()  # asked to stop
+        if self._claiming is not None:
+            self._claiming.deadline = min(
+                self._claiming.deadline, trio.current_time() + CLAIM_SHIELD_SECONDS
+            )
 
     async def _loop(self, nursery: trio.Nursery, mailbox: Mailbox[Wake]) -> None:
         idle_deadline = trio.current_time() + self._idle_seconds
@@ -264,10 +276,16 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
             if free > 0:
                 # Shielded: a claim cut short on the trio side may still take
                 # its leases in PostgreSQL. Finished, its rows are given back
-                # at once if the actor is going down meanwhile.
+                # at once if the actor is going down meanwhile. Once it is
+                # asked to stop, for CLAIM_SHIELD_SECONDS more at most.
                 asked = trio.current_time()
-                with trio.CancelScope(shield=True):
-                    batch = await self._job.claim(free)
+                claimed: Batch[ItemT] | None = None
+                with trio.CancelScope(shield=True) as self._claiming:
+                    claimed = await self._job.claim(free)
+                self._claiming = None
+                if claimed is None:  # cut short, nothing leased: the actor stops
+                    return
+                batch = claimed
                 ends = asked + self._job.lease_seconds
                 self._ends.update((id(item), (item, ends)) for item in batch.items)
                 try:
