@@ -8,6 +8,8 @@ share its transaction id (``xmin``), which tells the groups apart.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -18,6 +20,7 @@ import trio
 
 from tests.conftest import Credential, assert_error
 from tests.email.helpers import SENDER, events, later, ok
+from tests.lines import held_in_line, waiting_on_lock
 from tidings.config import Config
 from tidings.service import Service
 from tidings.storage import quotas
@@ -48,35 +51,6 @@ def email(number: int, **fields: Any) -> dict[str, Any]:
     return body
 
 
-async def waiting_on_lock(service: Service, count: int) -> None:
-    """Until ``count`` sessions wait for a lock (the test holds it)."""
-    with trio.fail_after(10):
-        while True:
-            async with service.db.acquire() as conn:
-                waiting = await conn.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-                )
-            if waiting >= count:
-                return
-            await trio.sleep(0.02)
-
-
-async def held_in_line(
-    service: Service, leader: Any, followers: list[Any]
-) -> None:
-    """Start ``leader`` while the emails table is locked, then ``followers``
-    once it waits; release the lock when they have had time to line up."""
-    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE emails IN SHARE MODE")
-            nursery.start_soon(leader)
-            await waiting_on_lock(service, 1)
-            for follower in followers:
-                nursery.start_soon(follower)
-            await trio.sleep(0.5)
-
-
 async def statements(service: Service, team_id: UUID) -> dict[str, list[str]]:
     """The team's email subjects by the transaction that stored them."""
     async with service.db.acquire() as conn:
@@ -102,7 +76,7 @@ async def test_sends_that_wait_in_line_are_stored_by_one_statement(
         return run
 
     keyed = FOLLOWERS + 1  # with a key: in its own transaction, never in a group
-    await held_in_line(service, post(0), [
+    await held_in_line(service, "emails", post(0), [
         *(post(n) for n in range(1, FOLLOWERS + 1)), post(keyed, **{"Idempotency-Key": "k-1"}),
     ])
 
@@ -134,7 +108,7 @@ async def test_a_member_the_group_cannot_store_fails_alone(
             answers[number] = await client.post("/emails", json=email(number, **fields))
         return run
 
-    await held_in_line(service, post(0), [
+    await held_in_line(service, "emails", post(0), [
         post(1), post(2, **{"from": "Else <hi@elsewhere.example>"}), post(3),
     ])
 
@@ -160,7 +134,7 @@ async def test_a_quota_with_room_for_part_of_a_group_takes_that_part(
         return run
 
     # The leader takes one; four in line would make five: each then alone.
-    await held_in_line(service, post(0), [post(n) for n in range(1, 5)])
+    await held_in_line(service, "emails", post(0), [post(n) for n in range(1, 5)])
 
     statuses = sorted(answer.status_code for answer in answers.values())
     assert statuses == [202, 202, 202, 402, 402], [a.text for a in answers.values()]
@@ -183,20 +157,41 @@ def new_email(number: int) -> NewEmail:
     )
 
 
-async def test_requests_cancelled_in_line_or_while_leading_leave_the_others_whole(
-    service: Service, acme: Credential, acme_domain: str
-) -> None:
-    async def store(conn: AsyncioConnection, number: int) -> list[NewEmail]:
-        return await service.emails.accepting.store(conn, acme.team_id, [new_email(number)])
+@dataclass
+class Units:
+    """Sends handed straight to the gathering on the storage loop, as the
+    route hands them: ``unit(n)`` runs one, cancellable by ``scopes[n]``;
+    ``stored`` and ``ended`` say how each finished."""
 
-    stored: dict[int, list[NewEmail]] = {}
+    unit: Callable[[int], Callable[[], Awaitable[None]]]
+    scopes: dict[int, trio.CancelScope]
+    stored: dict[int, list[NewEmail]]
+    ended: dict[int, float]
+
+
+def units(service: Service, team_id: UUID) -> Units:
     scopes: dict[int, trio.CancelScope] = {}
+    stored: dict[int, list[NewEmail]] = {}
+    ended: dict[int, float] = {}
 
-    def unit(number: int) -> Any:
+    async def store(conn: AsyncioConnection, number: int) -> list[NewEmail]:
+        return await service.emails.accepting.store(conn, team_id, [new_email(number)])
+
+    def unit(number: int) -> Callable[[], Awaitable[None]]:
         async def run() -> None:
             with trio.CancelScope() as scopes[number]:
                 stored[number] = await service.db.run(store, number)
+            ended[number] = trio.current_time()
         return run
+
+    return Units(unit, scopes, stored, ended)
+
+
+async def test_requests_cancelled_in_line_or_while_leading_leave_the_others_whole(
+    service: Service, acme: Credential, acme_domain: str
+) -> None:
+    sends = units(service, acme.team_id)
+    unit, scopes, stored = sends.unit, sends.scopes, sends.stored
 
     async with trio.open_nursery() as nursery, service.db.acquire() as conn:
         async with conn.transaction():
@@ -224,19 +219,8 @@ async def test_a_cancelled_leader_waits_its_grace_then_the_others_try_alone(
     service: Service, acme: Credential, acme_domain: str
 ) -> None:
     service.emails.accepting.grace = 0.3
-    stored: dict[int, list[NewEmail]] = {}
-    ended: dict[int, float] = {}
-    scopes: dict[int, trio.CancelScope] = {}
-
-    async def store(conn: AsyncioConnection, number: int) -> list[NewEmail]:
-        return await service.emails.accepting.store(conn, acme.team_id, [new_email(number)])
-
-    def unit(number: int) -> Any:
-        async def run() -> None:
-            with trio.CancelScope() as scopes[number]:
-                stored[number] = await service.db.run(store, number)
-            ended[number] = trio.current_time()
-        return run
+    sends = units(service, acme.team_id)
+    unit, scopes, stored, ended = sends.unit, sends.scopes, sends.stored, sends.ended
 
     async with trio.open_nursery() as nursery, service.db.acquire() as conn:
         async with conn.transaction():
@@ -269,18 +253,8 @@ async def test_a_group_whose_every_request_is_cancelled_is_cut_short_at_once(
 ) -> None:
     # As a shutdown does: every request in flight is cancelled. Nobody waits
     # for the group's statement any more, so it is rolled back at once.
-    ended: dict[int, float] = {}
-    scopes: dict[int, trio.CancelScope] = {}
-
-    async def store(conn: AsyncioConnection, number: int) -> list[NewEmail]:
-        return await service.emails.accepting.store(conn, acme.team_id, [new_email(number)])
-
-    def unit(number: int) -> Any:
-        async def run() -> None:
-            with trio.CancelScope() as scopes[number]:
-                await service.db.run(store, number)
-            ended[number] = trio.current_time()
-        return run
+    sends = units(service, acme.team_id)
+    unit, scopes, ended = sends.unit, sends.scopes, sends.ended
 
     async with trio.open_nursery() as nursery, service.db.acquire() as conn:
         async with conn.transaction():

@@ -14,9 +14,9 @@ from uuid import UUID
 
 import httpx
 import pytest
-import trio
 
 from tests.conftest import Credential, assert_error
+from tests.lines import held_in_line
 from tests.sms.helpers import SENDER, event_types, later, ok
 from tidings.config import Config
 from tidings.service import Service
@@ -43,24 +43,6 @@ def message(n: int, **fields: Any) -> dict[str, Any]:
             "scheduled_at": later(days=1)}
     body.update(fields)
     return body
-
-
-async def held_in_line(service: Service, leader: Any, followers: list[Any]) -> None:
-    """Start ``leader`` while the messages table is locked, then ``followers``
-    once it waits; release the lock when they have had time to line up."""
-    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE sms_messages IN SHARE MODE")
-            nursery.start_soon(leader)
-            with trio.fail_after(10):
-                while not await conn.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-                ):
-                    await trio.sleep(0.02)
-            for follower in followers:
-                nursery.start_soon(follower)
-            await trio.sleep(0.5)
 
 
 async def statements(service: Service, team_id: UUID) -> list[list[str]]:
@@ -91,7 +73,7 @@ async def test_messages_that_wait_in_line_are_stored_by_one_statement(
     answers: dict[int, httpx.Response] = {}
     post = poster(sms_client, answers)
     metadata = {"order": "A-17"}
-    await held_in_line(service, post(0), [
+    await held_in_line(service, "sms_messages", post(0), [
         *(post(n) for n in range(1, FOLLOWERS)),
         # Another sender ID, and metadata: each kept as its own.
         post(FOLLOWERS, **{"from": "Shop", "metadata": metadata}),
@@ -123,7 +105,7 @@ async def test_a_message_the_group_cannot_store_is_refused_alone(
     ok(await sms_client.post("/suppressions", json={"address": number(102)}), 201)
     answers: dict[int, httpx.Response] = {}
     post = poster(sms_client, answers)
-    await held_in_line(service, post(0), [
+    await held_in_line(service, "sms_messages", post(0), [
         post(1), post(2), post(3, **{"from": "Other"}), post(4),
     ])
 
@@ -145,7 +127,7 @@ async def test_a_quota_with_room_for_part_of_a_group_takes_that_part(
     answers: dict[int, httpx.Response] = {}
     post = poster(sms_client, answers)
     # The leader takes one; four in line would make five: each then alone.
-    await held_in_line(service, post(0), [post(n) for n in range(1, 5)])
+    await held_in_line(service, "sms_messages", post(0), [post(n) for n in range(1, 5)])
 
     statuses = sorted(answer.status_code for answer in answers.values())
     assert statuses == [202, 202, 202, 402, 402], [a.text for a in answers.values()]
