@@ -428,4 +428,7 @@ async def test_a_large_report_is_parsed_while_other_requests_are_answered(
         nursery.start_soon(probe)
         nursery.start_soon(send_report)
     assert took > 1.0, took  # long enough to show a stall
-    assert len(waits) > 10 and max(waits) < took / 4, (max(waits), took)
+    # Parsed on the event loop, one wait would last about the whole parse;
+    # beside it, none does (the upload of 4.4 MB, on a machine busy with
+    # other tests, has delayed the first by a quarter of it).
+    assert len(waits) > 10 and max(waits) < took / 2, (max(waits), took)
