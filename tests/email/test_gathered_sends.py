@@ -8,7 +8,7 @@ share its transaction id (``xmin``), which tells the groups apart.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,10 +22,11 @@ from tests.conftest import Credential, assert_error
 from tests.email.helpers import SENDER, events, later, ok
 from tests.lines import held_in_line, waiting_on_lock
 from tidings.config import Config
+from tidings.gathering import Gathering
 from tidings.service import Service
 from tidings.storage import quotas
 from tidings.storage.connection import AsyncioConnection
-from tidings.storage.emails_accept import NewEmail
+from tidings.storage.emails_accept import NewEmail, accept
 from tidings.storage.quotas import LimitChange
 
 FOLLOWERS = 6
@@ -161,30 +162,39 @@ def new_email(number: int) -> NewEmail:
 class Units:
     """Sends handed straight to the gathering on the storage loop, as the
     route hands them: ``unit(n)`` runs one, cancellable by ``scopes[n]``;
-    ``stored`` and ``ended`` say how each finished."""
+    ``stored``, ``failed`` and ``ended`` say how each finished."""
 
     unit: Callable[[int], Callable[[], Awaitable[None]]]
     scopes: dict[int, trio.CancelScope]
     stored: dict[int, list[NewEmail]]
     ended: dict[int, float]
+    failed: dict[int, BaseException]
 
 
-def units(service: Service, team_id: UUID) -> Units:
+def units(
+    service: Service, team_id: UUID,
+    gathering: Gathering[UUID, NewEmail, NewEmail] | None = None,
+) -> Units:
     scopes: dict[int, trio.CancelScope] = {}
     stored: dict[int, list[NewEmail]] = {}
     ended: dict[int, float] = {}
+    failed: dict[int, BaseException] = {}
+    lines = gathering or service.emails.accepting
 
     async def store(conn: AsyncioConnection, number: int) -> list[NewEmail]:
-        return await service.emails.accepting.store(conn, team_id, [new_email(number)])
+        return await lines.store(conn, team_id, [new_email(number)])
 
     def unit(number: int) -> Callable[[], Awaitable[None]]:
         async def run() -> None:
             with trio.CancelScope() as scopes[number]:
-                stored[number] = await service.db.run(store, number)
+                try:
+                    stored[number] = await service.db.run(store, number)
+                except Exception as error:
+                    failed[number] = error
             ended[number] = trio.current_time()
         return run
 
-    return Units(unit, scopes, stored, ended)
+    return Units(unit, scopes, stored, ended, failed)
 
 
 async def test_requests_cancelled_in_line_or_while_leading_leave_the_others_whole(
@@ -356,3 +366,36 @@ async def test_sends_whose_connections_ended_while_in_line_answer_503(
     assert list((await statements(service, acme.team_id)).values()) == [["Issue 0"]]
     # The pool mends: the next send is stored.
     ok(await client.post("/emails", json=email(9)), 202)
+
+
+async def test_a_retry_alone_that_finds_its_email_stored_answers_as_the_group_did(
+    service: Service, acme: Credential, acme_domain: str
+) -> None:
+    # The group's statement commits, but its answer is lost on the way back
+    # (the connection reset): the others retry alone, and find their emails
+    # stored already. They answer as the group's leader did, and nothing is
+    # stored twice.
+    async def answer_lost(
+        conn: AsyncioConnection, team_id: UUID, emails: Sequence[NewEmail]
+    ) -> list[NewEmail]:
+        stored = await accept(conn, team_id, emails, service.config.quotas)
+        if len(emails) > 1:
+            raise ConnectionResetError("the answer was lost")
+        return stored
+
+    sends = units(service, acme.team_id, Gathering(answer_lost))
+    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE emails IN SHARE MODE")
+            nursery.start_soon(sends.unit(0))
+            await waiting_on_lock(service, 1)
+            for number in (1, 2, 3):
+                nursery.start_soon(sends.unit(number))
+            await trio.sleep(0.5)
+
+    assert set(sends.stored) == {0}
+    assert set(sends.failed) == {1, 2, 3}
+    assert all(isinstance(error, ConnectionResetError) for error in sends.failed.values())
+    assert sorted(map(sorted, (await statements(service, acme.team_id)).values())) == [
+        ["Issue 0"], ["Issue 1", "Issue 2", "Issue 3"],
+    ]
