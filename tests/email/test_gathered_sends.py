@@ -20,7 +20,7 @@ import trio
 
 from tests.conftest import Credential, assert_error
 from tests.email.helpers import SENDER, events, later, ok
-from tests.lines import held_in_line, waiting_on_lock
+from tests.lines import held_in_line, locked, poster, waiting_on_lock
 from tidings.config import Config
 from tidings.gathering import Gathering
 from tidings.service import Service
@@ -104,10 +104,7 @@ async def test_a_member_the_group_cannot_store_fails_alone(
 ) -> None:
     answers: dict[int, httpx.Response] = {}
 
-    def post(number: int, **fields: Any) -> Any:
-        async def run() -> None:
-            answers[number] = await client.post("/emails", json=email(number, **fields))
-        return run
+    post = poster(client, "/emails", email, answers)
 
     await held_in_line(service, "emails", post(0), [
         post(1), post(2, **{"from": "Else <hi@elsewhere.example>"}), post(3),
@@ -129,10 +126,7 @@ async def test_a_quota_with_room_for_part_of_a_group_takes_that_part(
         await quotas.set_limits(conn, acme.team_id, [LimitChange("email", "day", 3)])
     answers: dict[int, httpx.Response] = {}
 
-    def post(number: int) -> Any:
-        async def run() -> None:
-            answers[number] = await client.post("/emails", json=email(number))
-        return run
+    post = poster(client, "/emails", email, answers)
 
     # The leader takes one; four in line would make five: each then alone.
     await held_in_line(service, "emails", post(0), [post(n) for n in range(1, 5)])
@@ -203,21 +197,19 @@ async def test_requests_cancelled_in_line_or_while_leading_leave_the_others_whol
     sends = units(service, acme.team_id)
     unit, scopes, stored = sends.unit, sends.scopes, sends.stored
 
-    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE emails IN SHARE MODE")
-            nursery.start_soon(unit(0))  # leads alone, held by the lock
-            await waiting_on_lock(service, 1)
-            for number in (1, 2, 3):
-                nursery.start_soon(unit(number))
-                await trio.sleep(0.1)  # in line in this order
-            scopes[3].cancel()  # leaves the line
-            await trio.sleep(0.1)
-            scopes[0].cancel()  # its statement is cancelled: 1 leads 1 and 2, held too
-            await waiting_on_lock(service, 1)
-            await trio.sleep(0.2)
-            scopes[1].cancel()  # the group's statement goes on for 2's sake
-            await trio.sleep(0.2)
+    async with locked(service, "emails") as (nursery, conn):
+        nursery.start_soon(unit(0))  # leads alone, held by the lock
+        await waiting_on_lock(service, 1)
+        for number in (1, 2, 3):
+            nursery.start_soon(unit(number))
+            await trio.sleep(0.1)  # in line in this order
+        scopes[3].cancel()  # leaves the line
+        await trio.sleep(0.1)
+        scopes[0].cancel()  # its statement is cancelled: 1 leads 1 and 2, held too
+        await waiting_on_lock(service, 1)
+        await trio.sleep(0.2)
+        scopes[1].cancel()  # the group's statement goes on for 2's sake
+        await trio.sleep(0.2)
 
     assert set(stored) == {2}
     assert [e.subject for e in stored[2]] == ["Issue 2"]
@@ -232,27 +224,25 @@ async def test_a_cancelled_leader_waits_its_grace_then_the_others_try_alone(
     sends = units(service, acme.team_id)
     unit, scopes, stored, ended = sends.unit, sends.scopes, sends.stored, sends.ended
 
-    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE emails IN SHARE MODE")
-            nursery.start_soon(unit(0))
-            await waiting_on_lock(service, 1)
-            for number in (1, 2):
-                nursery.start_soon(unit(number))
-                await trio.sleep(0.1)
-            scopes[0].cancel()  # 1 leads 1 and 2, held by the lock
-            await trio.sleep(0.2)
-            await waiting_on_lock(service, 1)
-            began = trio.current_time()
-            scopes[1].cancel()  # 2 still waits: the statement goes on, for 0.3 s
-            with trio.fail_after(5):
-                while 1 not in ended:
-                    await trio.sleep(0.02)
-            assert 0.25 <= ended[1] - began < 2
-            # The statement was cut short, not finished (the lock is held):
-            # 2 now waits on its own statement, which commits once it is free.
-            await waiting_on_lock(service, 1)
-            assert 2 not in ended
+    async with locked(service, "emails") as (nursery, conn):
+        nursery.start_soon(unit(0))
+        await waiting_on_lock(service, 1)
+        for number in (1, 2):
+            nursery.start_soon(unit(number))
+            await trio.sleep(0.1)
+        scopes[0].cancel()  # 1 leads 1 and 2, held by the lock
+        await trio.sleep(0.2)
+        await waiting_on_lock(service, 1)
+        began = trio.current_time()
+        scopes[1].cancel()  # 2 still waits: the statement goes on, for 0.3 s
+        with trio.fail_after(5):
+            while 1 not in ended:
+                await trio.sleep(0.02)
+        assert 0.25 <= ended[1] - began < 2
+        # The statement was cut short, not finished (the lock is held):
+        # 2 now waits on its own statement, which commits once it is free.
+        await waiting_on_lock(service, 1)
+        assert 2 not in ended
 
     assert set(stored) == {2}
     assert list((await statements(service, acme.team_id)).values()) == [["Issue 2"]]
@@ -266,28 +256,26 @@ async def test_a_group_whose_every_request_is_cancelled_is_cut_short_at_once(
     sends = units(service, acme.team_id)
     unit, scopes, ended = sends.unit, sends.scopes, sends.ended
 
-    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE emails IN SHARE MODE")
-            nursery.start_soon(unit(0))
-            await waiting_on_lock(service, 1)
-            for number in (1, 2, 3):
-                nursery.start_soon(unit(number))
-                await trio.sleep(0.1)
-            scopes[0].cancel()  # 1 leads 1, 2 and 3, held by the lock
-            await trio.sleep(0.2)
-            await waiting_on_lock(service, 1)
-            scopes[1].cancel()
-            await trio.sleep(0.3)
-            assert 1 not in ended  # 2 and 3 still wait: the statement goes on
-            scopes[2].cancel()
-            scopes[3].cancel()
-            last = trio.current_time()
-            with trio.fail_after(2):
-                while len(ended) < 4:
-                    await trio.sleep(0.02)
-            assert ended[1] - last < 1  # not the grace of 5 s
-            # The lock is still held: nothing committed.
+    async with locked(service, "emails") as (nursery, conn):
+        nursery.start_soon(unit(0))
+        await waiting_on_lock(service, 1)
+        for number in (1, 2, 3):
+            nursery.start_soon(unit(number))
+            await trio.sleep(0.1)
+        scopes[0].cancel()  # 1 leads 1, 2 and 3, held by the lock
+        await trio.sleep(0.2)
+        await waiting_on_lock(service, 1)
+        scopes[1].cancel()
+        await trio.sleep(0.3)
+        assert 1 not in ended  # 2 and 3 still wait: the statement goes on
+        scopes[2].cancel()
+        scopes[3].cancel()
+        last = trio.current_time()
+        with trio.fail_after(2):
+            while len(ended) < 4:
+                await trio.sleep(0.02)
+        assert ended[1] - last < 1  # not the grace of 5 s
+        # The lock is still held: nothing committed.
 
     assert await statements(service, acme.team_id) == {}
 
@@ -297,10 +285,7 @@ async def test_when_the_groups_connection_is_lost_the_others_try_alone(
 ) -> None:
     answers: dict[int, httpx.Response] = {}
 
-    def post(number: int) -> Any:
-        async def run() -> None:
-            answers[number] = await client.post("/emails", json=email(number))
-        return run
+    post = poster(client, "/emails", email, answers)
 
     async def end_the_waiting_backend(conn: Any) -> None:
         await conn.execute(
@@ -308,19 +293,17 @@ async def test_when_the_groups_connection_is_lost_the_others_try_alone(
             " WHERE wait_event_type = 'Lock' AND datname = current_database()"
         )
 
-    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE emails IN SHARE MODE")
-            nursery.start_soon(post(0))
-            await waiting_on_lock(service, 1)
-            for number in range(1, 5):
-                nursery.start_soon(post(number))
-            await trio.sleep(0.5)
-            await end_the_waiting_backend(conn)  # 0's: the first in line leads the rest
-            await trio.sleep(0.3)
-            await waiting_on_lock(service, 1)
-            await end_the_waiting_backend(conn)  # the group's: the other three try alone
-            await waiting_on_lock(service, 3)
+    async with locked(service, "emails") as (nursery, conn):
+        nursery.start_soon(post(0))
+        await waiting_on_lock(service, 1)
+        for number in range(1, 5):
+            nursery.start_soon(post(number))
+        await trio.sleep(0.5)
+        await end_the_waiting_backend(conn)  # 0's: the first in line leads the rest
+        await trio.sleep(0.3)
+        await waiting_on_lock(service, 1)
+        await end_the_waiting_backend(conn)  # the group's: the other three try alone
+        await waiting_on_lock(service, 3)
 
     # 0 and the first in line (its group's leader) lost their connections.
     assert_error(answers[0], 503, "SERVICE_UNAVAILABLE")
@@ -338,27 +321,22 @@ async def test_sends_whose_connections_ended_while_in_line_answer_503(
 ) -> None:
     answers: dict[int, httpx.Response] = {}
 
-    def post(number: int) -> Any:
-        async def run() -> None:
-            answers[number] = await client.post("/emails", json=email(number))
-        return run
+    post = poster(client, "/emails", email, answers)
 
-    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE emails IN SHARE MODE")
-            nursery.start_soon(post(0))
-            await waiting_on_lock(service, 1)
-            for number in range(1, 4):
-                nursery.start_soon(post(number))
-            await trio.sleep(0.5)
-            # The idle connections the sends in line hold (a restart of
-            # PostgreSQL ends them all; here only the idle ones).
-            await conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE state = 'idle' AND datname = current_database()"
-                " AND query NOT ILIKE '%LISTEN%'"
-            )
-            await trio.sleep(0.3)
+    async with locked(service, "emails") as (nursery, conn):
+        nursery.start_soon(post(0))
+        await waiting_on_lock(service, 1)
+        for number in range(1, 4):
+            nursery.start_soon(post(number))
+        await trio.sleep(0.5)
+        # The idle connections the sends in line hold (a restart of
+        # PostgreSQL ends them all; here only the idle ones).
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE state = 'idle' AND datname = current_database()"
+            " AND query NOT ILIKE '%LISTEN%'"
+        )
+        await trio.sleep(0.3)
 
     ok(answers[0], 202)
     for number in range(1, 4):
@@ -384,14 +362,12 @@ async def test_a_retry_alone_that_finds_its_email_stored_answers_as_the_group_di
         return stored
 
     sends = units(service, acme.team_id, Gathering(answer_lost))
-    async with trio.open_nursery() as nursery, service.db.acquire() as conn:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE emails IN SHARE MODE")
-            nursery.start_soon(sends.unit(0))
-            await waiting_on_lock(service, 1)
-            for number in (1, 2, 3):
-                nursery.start_soon(sends.unit(number))
-            await trio.sleep(0.5)
+    async with locked(service, "emails") as (nursery, conn):
+        nursery.start_soon(sends.unit(0))
+        await waiting_on_lock(service, 1)
+        for number in (1, 2, 3):
+            nursery.start_soon(sends.unit(number))
+        await trio.sleep(0.5)
 
     assert set(sends.stored) == {0}
     assert set(sends.failed) == {1, 2, 3}

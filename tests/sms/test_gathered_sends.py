@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import Credential, assert_error
-from tests.lines import held_in_line
+from tests.lines import held_in_line, poster
 from tests.sms.helpers import SENDER, event_types, later, ok
 from tidings.config import Config
 from tidings.service import Service
@@ -58,20 +58,12 @@ async def statements(service: Service, team_id: UUID) -> list[list[str]]:
                   key=lambda bodies: (len(bodies), bodies))
 
 
-def poster(client: httpx.AsyncClient, answers: dict[int, httpx.Response]) -> Any:
-    def post(n: int, **fields: Any) -> Any:
-        async def run() -> None:
-            answers[n] = await client.post("/sms", json=message(n, **fields))
-        return run
-    return post
-
-
 async def test_messages_that_wait_in_line_are_stored_by_one_statement(
     sms_client: httpx.AsyncClient, service: Service, acme: Credential
 ) -> None:
     ok(await sms_client.post("/sender-ids", json={"value": "Shop", "type": "alphanumeric"}), 201)
     answers: dict[int, httpx.Response] = {}
-    post = poster(sms_client, answers)
+    post = poster(sms_client, "/sms", message, answers)
     metadata = {"order": "A-17"}
     await held_in_line(service, "sms_messages", post(0), [
         *(post(n) for n in range(1, FOLLOWERS)),
@@ -104,7 +96,7 @@ async def test_a_message_the_group_cannot_store_is_refused_alone(
 ) -> None:
     ok(await sms_client.post("/suppressions", json={"address": number(102)}), 201)
     answers: dict[int, httpx.Response] = {}
-    post = poster(sms_client, answers)
+    post = poster(sms_client, "/sms", message, answers)
     await held_in_line(service, "sms_messages", post(0), [
         post(1), post(2), post(3, **{"from": "Other"}), post(4),
     ])
@@ -125,7 +117,7 @@ async def test_a_quota_with_room_for_part_of_a_group_takes_that_part(
     async with service.db.acquire() as conn:
         await quotas.set_limits(conn, acme.team_id, [LimitChange("sms", "day", 3)])
     answers: dict[int, httpx.Response] = {}
-    post = poster(sms_client, answers)
+    post = poster(sms_client, "/sms", message, answers)
     # The leader takes one; four in line would make five: each then alone.
     await held_in_line(service, "sms_messages", post(0), [post(n) for n in range(1, 5)])
 
