@@ -21,8 +21,9 @@ from tidings.storage import quotas
 from tidings.storage.connection import Connection
 from tidings.storage.emails import Clock
 from tidings.storage.quota_stripes import fast_claim_sql
+from tidings.storage.rows import COUNTED
 from tidings.storage.sms import CHECK, DUE_CHANNEL, SMS_COLUMNS, NewSms, Sms, accept
-from tidings.storage.sms_status import RECORDED, Change, change_args, event_data
+from tidings.storage.sms_status import CHANGE_ROWS, RECORDED, Change, change_args, event_data
 
 # $1..$10 the events (ACCEPT's), $11.. one array per column of the messages,
 # $12 the team, $22/$23 the UTC day and month, $24/$25 the default limits,
@@ -36,17 +37,17 @@ _SPELLINGS = "ARRAY(SELECT jsonb_array_elements_text(m.spellings))"
 ACCEPT_GROUP = f"""
 WITH checked AS MATERIALIZED (
     SELECT m.*, c.sender, c.sender_status = 'approved' AND NOT c.opted_out AS ready
-    FROM unnest($11::uuid[], $13::text[], $14::text[], $15::jsonb[], $16::text[], $17::text[],
-                $18::int[], $19::text[], $20::text[], $21::timestamptz[])
-        AS m(id, to_number, country, spellings, body, encoding, segments, provider, metadata,
-             scheduled_at)
+    FROM (SELECT * FROM unnest($11::uuid[], $13::text[], $14::text[], $15::jsonb[], $16::text[],
+                               $17::text[], $18::int[], $19::text[], $20::text[],
+                               $21::timestamptz[])
+              AS m(id, to_number, country, spellings, body, encoding, segments, provider,
+                   metadata, scheduled_at)
+          LIMIT {COUNTED.format(array="$11::uuid[]")}) m
     CROSS JOIN LATERAL ({CHECK.format(team="$12::uuid", spellings=_SPELLINGS, to="m.to_number")}) c
-), {_QUOTA}, change AS (
+), change_rows AS ({CHANGE_ROWS}), {_QUOTA}, change AS (
     SELECT c.id, c.sms_id, c.team_id, c.status, c.recipient, c.occurred_at, c.provider, c.code,
            c.message, c.data || jsonb_build_object('from', k.sender) AS data
-    FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
-                $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::jsonb[])
-        AS c(id, sms_id, team_id, status, recipient, occurred_at, provider, code, message, data)
+    FROM change_rows c
     JOIN checked k ON k.id = c.sms_id
     WHERE EXISTS (SELECT 1 FROM quota_counted)
 ), inserted AS (

@@ -42,12 +42,12 @@ CHANNEL = "sms"
 
 # Status moves, set-based: the SMS events and, with the same ids, the webhook
 # events and their deliveries. $1..$10: one array per column of ``change``.
-CHANGE = """
-change AS (
+CHANGE_ROWS = """
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
                          $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::jsonb[])
         AS c(id, sms_id, team_id, status, recipient, occurred_at, provider, code, message, data)
-)"""
+"""
+CHANGE = f"change AS ({CHANGE_ROWS})"
 RECORDED = f"""
 sms_event AS (
     INSERT INTO sms_events (id, sms_id, team_id, status, occurred_at, provider, code, message)
