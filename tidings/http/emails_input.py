@@ -14,7 +14,13 @@ from uuid import UUID
 
 from pydantic import Field, field_validator, model_validator
 
-from tidings.addresses import check_sendable, display, normalize_address, parse_mailbox
+from tidings.addresses import (
+    BARE_ADDRESS,
+    check_sendable,
+    display,
+    normalize_address,
+    parse_mailbox,
+)
 from tidings.fields import FieldError
 from tidings.http.models import Moment, RequestBody
 from tidings.rendering_variables import CONTROL_CHARACTERS
@@ -42,8 +48,6 @@ _HEADER_NAME = re.compile(r"[!-9;-~]{1,76}")
 _CONTROL = CONTROL_CHARACTERS
 _TAG_TEXT = r"^[A-Za-z0-9_-]+$"
 
-# A bare address with nothing a display name, quoting or a comment would need.
-_BARE = re.compile(r"[^\s<>()\"\\,;:\[\]]+@[^\s<>()\"\\,;:\[\]]+")
 
 Addresses = str | Annotated[list[str], Field(min_length=1, max_length=MAX_RECIPIENTS)]
 # cc, bcc and reply_to: an empty list is none, as null is (GET shows ``[]`` for none).
@@ -138,7 +142,7 @@ def mailbox(field: str, value: str) -> tuple[str, str | None]:
     costs more CPU than the rest of accepting the email. Refusals are not
     cached (an exception is never stored)."""
     try:
-        if _BARE.fullmatch(value):
+        if BARE_ADDRESS.fullmatch(value):
             # Most recipients are bare addresses: no need for the header parser.
             return check_sendable(normalize_address(value, field), field), None
         found = parse_mailbox(value, field)

@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
@@ -229,6 +230,7 @@ class UnverifiedDomain(Exception):
         self.domain = domain
 
 
+@lru_cache(maxsize=1024)
 def _domain_key(name: str) -> str:
     try:
         return domain_name(name)
@@ -266,7 +268,11 @@ async def accept(
     names = {e.domain: _domain_key(e.domain) for e in emails}
     domains = sorted(set(names.values()))
     addresses = sorted({a for e in emails for a in e.send_to})
-    hoped = [replace(email, domain=names[email.domain], suppressed=[]) for email in emails]
+    hoped = [
+        email if email.domain == names[email.domain] and not email.suppressed
+        else replace(email, domain=names[email.domain], suppressed=[])
+        for email in emails
+    ]
     row, args, sending = await _claiming(
         conn, ACCEPT_CHECKED_CLAIMING, team_id, hoped, limits, domains, addresses
     )
