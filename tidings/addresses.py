@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from email import errors as email_errors
 from email.headerregistry import HeaderRegistry
+from email.utils import getaddresses
 
 import email_validator
 import idna
@@ -86,6 +87,22 @@ def display(name: str | None, address: str) -> str:
         # (at either end, or several in a row): the name is quoted.
         name = '"' + _ESCAPED.sub(r"\\\g<0>", name) + '"'
     return f"{name} <{address}>"
+
+
+def shown_parts(shown: Sequence[str]) -> list[tuple[str, str]]:
+    """The (name, address) pairs of mailboxes as ``display`` shows them, as
+    the header parser gives them (``email.utils.getaddresses``): a bare
+    address is its own, with no name; one with a name is parsed once per
+    process (a sender's is on every email of its domain)."""
+    return [
+        pair for one in shown
+        for pair in ((("", one),) if BARE_ADDRESS.fullmatch(one) else _shown_parts(one))
+    ]
+
+
+@functools.lru_cache(maxsize=1024)
+def _shown_parts(one: str) -> tuple[tuple[str, str], ...]:
+    return tuple(getaddresses([one]))
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import binascii
 import re
+import time
 from datetime import UTC, datetime
 from email.header import Header
-from email.utils import format_datetime, getaddresses
+from email.utils import format_datetime
+from functools import lru_cache
 from uuid import UUID
 
-from tidings.addresses import display, wire_address
+from tidings.addresses import display, shown_parts, wire_address
 from tidings.html_text import html_to_text
 from tidings.ids import token_hex
 
@@ -103,7 +105,7 @@ def _addresses(values: tuple[str, ...] | list[str], field: str) -> str:
     """The mailboxes of a ``field`` (From, To...), one on each line."""
     return ",\r\n ".join(
         _mailbox(name, address, field if n == 0 else None)
-        for n, (name, address) in enumerate(getaddresses(list(values)))
+        for n, (name, address) in enumerate(shown_parts(values))
     )
 
 
@@ -173,6 +175,12 @@ def _part(subtype: str, text: str) -> bytes:
     ])
 
 
+@lru_cache(maxsize=4)
+def _date(second: int) -> bytes:
+    """The Date header of the messages made in this second (they share it)."""
+    return f"Date: {format_datetime(datetime.fromtimestamp(second, UTC))}".encode()  # +0000
+
+
 def build_message(
     *,
     email_id: UUID,
@@ -197,7 +205,7 @@ def build_message(
         lines.append(_fold(f"Reply-To: {_addresses(reply_to, 'Reply-To')}"))
     lines += [
         _fold(f"Subject: {_header_text(subject, 'Subject')}"),
-        f"Date: {format_datetime(datetime.now(UTC))}".encode(),  # +0000, not obs-zone GMT
+        _date(int(time.time())),
         f"Message-ID: {message_id(email_id, domain)}".encode(),
         b"MIME-Version: 1.0",
     ]

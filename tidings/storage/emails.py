@@ -17,11 +17,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from email.utils import getaddresses
 from typing import Any
 from uuid import UUID
 
-from tidings.addresses import BARE_ADDRESS
+from tidings.addresses import shown_parts
 from tidings.ids import new_id
 from tidings.storage.connection import Connection
 from tidings.storage.events import FANOUT
@@ -97,9 +96,7 @@ def recipients_text(addresses: Sequence[str]) -> str:
     """The ``to`` of an event about a whole email: its ``to`` addresses
     without their display names, comma-separated, so that for one recipient
     it reads as the events about that recipient do."""
-    if all(BARE_ADDRESS.fullmatch(address) for address in addresses):
-        return ", ".join(addresses)  # what the parser would give: most have no name
-    return ", ".join(address for _, address in getaddresses(list(addresses)) if address)
+    return ", ".join(address for _, address in shown_parts(addresses) if address)
 
 
 class Clock:
