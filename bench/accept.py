@@ -18,7 +18,9 @@ p99 and the service's CPU time per accepted request (which other load on the
 machine changes far less than the rate). ``--py-spy DIR`` also records a raw
 py-spy profile of the service during each measured phase of the first round.
 Prints one JSON line: every phase of every round, the medians per phase,
-the ratios to ``contacts`` and the load average before and after.
+the ratios to ``contacts`` (of the medians, and each round's with their
+median) and the load average before and after. Every other round runs its
+phases in reverse order.
 """
 
 from __future__ import annotations
@@ -146,7 +148,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         prepare(service, token)
         for number in range(args.rounds):
             figures: dict[str, Any] = {}
-            for phase, idempotent in names:
+            # Every other round runs the phases in reverse order, so that
+            # none is always measured first (or just after the warm-up).
+            for phase, idempotent in names if number % 2 == 0 else names[::-1]:
                 name = f"{phase}{'_idempotent' if idempotent else ''}"
                 profile = None
                 if spy_dir is not None and number == 0:
@@ -171,6 +175,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         name: round(m["requests_per_s"] / reference, 2)
         for name, m in medians.items() if reference and name != "contacts"
     }
+    # Each round's own ratios, measured minutes apart at most: the machine's
+    # drift between rounds cancels out of them.
+    per_round = {
+        name: [round(r[name]["requests_per_s"] / r["contacts"]["requests_per_s"], 2)
+               for r in rounds]
+        for name in rounds[0] if name != "contacts" and "contacts" in rounds[0]
+    }
     return {
         "bench": "accept",
         "seconds": args.seconds,
@@ -179,5 +190,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "medians": medians,
         "vs_contacts": ratios,
+        "vs_contacts_each_round": per_round,
+        "vs_contacts_median_of_rounds": {
+            name: round(statistics.median(values), 2) for name, values in per_round.items()
+        },
         "rounds": rounds,
     }
