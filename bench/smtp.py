@@ -89,7 +89,8 @@ def run_threads(port: int, messages: int, connections: int, key: bytes) -> None:
                 if i is None:
                     return
                 outgoing = email(key, i)
-                client.sendmail(outgoing.return_path, list(outgoing.recipients), render(outgoing))
+                [recipient] = outgoing.recipients
+                client.sendmail(outgoing.return_paths[recipient], [recipient], render(outgoing))
 
     threads = [threading.Thread(target=worker) for _ in range(connections)]
     for thread in threads:
@@ -112,8 +113,9 @@ def run_aiosmtplib(port: int, messages: int, connections: int, key: bytes) -> No
                 for i in queue:
                     outgoing = email(key, i)
                     message = await trio.to_thread.run_sync(render, outgoing)
+                    [recipient] = outgoing.recipients
                     await trio_asyncio.aio_as_trio(client.sendmail)(
-                        outgoing.return_path, list(outgoing.recipients), message
+                        outgoing.return_paths[recipient], [recipient], message
                     )
                 await trio_asyncio.aio_as_trio(client.quit)()
 
