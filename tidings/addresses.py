@@ -53,13 +53,14 @@ NOT_SENDABLE = (
     "failed when sent (an internationalised domain is fine)"
 )
 
+# A bare address with nothing a display name, quoting or a comment would
+# need: what the header parser would give back unchanged.
+BARE_ADDRESS = re.compile(r"[^\s<>()\"\\,;:\[\]]+@[^\s<>()\"\\,;:\[\]]+")
+
 # The address forms email-validator accepts without further thought: an ASCII
 # dot-atom before the @ and a host name after it. For these only the domain
 # needs email-validator's full check, and a domain is checked once per
 # process (an import of 50,000 rows usually names a few dozen domains).
-# A bare address with nothing a display name, quoting or a comment would
-# need: what the header parser would give back unchanged.
-BARE_ADDRESS = re.compile(r"[^\s<>()\"\\,;:\[\]]+@[^\s<>()\"\\,;:\[\]]+")
 _ATEXT = r"A-Za-z0-9_!#$%&'*+\-/=?^`{|}~"
 _PLAIN_ADDRESS = re.compile(rf"([{_ATEXT}]+(?:\.[{_ATEXT}]+)*)@([A-Za-z0-9.\-]+)")
 # Local parts that email-validator lowercases (RFC 2142); they take the full path.
