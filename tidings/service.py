@@ -22,6 +22,7 @@ from tidings.actors.revocations import RevocationListener
 from tidings.actors.runtime import Runtime, open_runtime
 from tidings.actors.sender_ids import review_sender_ids
 from tidings.actors.sms import SmsSide, start_sms
+from tidings.actors.upkeep import keep_indexes
 from tidings.actors.webhooks import Webhooks, start_webhooks
 from tidings.auth import TokenCache
 from tidings.config import Config
@@ -82,6 +83,7 @@ def start_actors(
     guard = Guard(allow_private=config.webhook_allow_private_urls, resolve=resolve)
     webhooks = start_webhooks(runtime, db, config, guard)
     runtime.singleton("retention", start_retention(db, config))
+    runtime.singleton("index-upkeep", lambda: keep_indexes(db))
     emails = start_emails(runtime, db, config, email_provider)
     broadcasts = start_broadcasts(runtime, db, config, emails)
     runtime.singleton("domain-recheck", lambda: recheck_domains(db, config))
