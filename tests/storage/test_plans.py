@@ -4,7 +4,7 @@ planned once per connection, not at every execution.
 PostgreSQL makes a plan for each execution of a prepared statement until a
 plan made once (the generic plan) costs no more than those; with arrays as
 parameters it counts on 10 rows from each ``unnest``, and the generic plan
-never won (``tidings.storage.rows.COUNTED``). ``pg_prepared_statements``
+never won (the LIMIT in ``tidings.storage.sms_group.ACCEPT_GROUP``). ``pg_prepared_statements``
 says, per statement of the connection, how many executions each kind of
 plan served.
 """

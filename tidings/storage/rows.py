@@ -17,17 +17,7 @@ from tidings.storage.connection import Row
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["COUNTED", "Queries", "Row", "build"]
-
-# The LIMIT of rows unnested from arrays that are parameters: the length of
-# ``array`` (one of them; all have the same). It changes no result, only
-# the plan: PostgreSQL counts on 10 rows from an ``unnest`` of a parameter
-# and on a tenth of that under a LIMIT it cannot compute, so the plan made
-# once for every execution (the generic plan) counts on one row, and wins
-# against a plan made for each execution's arrays, whose making cost about a
-# quarter of PostgreSQL's time for an accepted text message
-# (``docs/benchmarks.md``, "Plans made once").
-COUNTED = "cardinality({array})"
+__all__ = ["Queries", "Row", "build"]
 
 D = TypeVar("D", bound="DataclassInstance")
 
