@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from collections.abc import MutableMapping
 from typing import Any
 from uuid import UUID
@@ -299,3 +300,49 @@ async def test_a_client_that_leaves_cancels_its_request(
     # Not answered, but logged: 499, as a request its client closed.
     assert [(r.route, r.status) for r in caplog.records  # type: ignore[attr-defined]
             if r.name == "tidings.access"][-1] == ("/contacts", 499)
+
+
+async def test_a_request_whose_client_is_gone_is_cancelled_through_the_server(
+    service: Service, base_url: str, acme: Credential, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The real server tells the front door (tidings.http.departure): the
+    # request, waiting in PostgreSQL on a row another transaction holds, is
+    # cancelled when its client resets the connection, and writes nothing.
+    caplog.set_level(logging.INFO, logger="tidings.access")
+    email = "held@example.com"
+    body = json.dumps({"email": email}).encode()
+    async with service.db.transaction() as holder:
+        await holder.execute(
+            "INSERT INTO contacts (team_id, email) VALUES ($1, $2)", acme.team_id, email)
+        host, port = base_url.removeprefix("http://").rsplit(":", 1)
+        sock = trio.socket.socket()
+        await sock.connect((host, int(port)))
+        await sock.send(
+            b"POST /contacts HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + acme.secret.encode() + b"\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        with trio.fail_after(10):  # the request's insert waits for the holder
+            while not await holder.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            ):
+                await trio.sleep(0.02)
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset: gone outright
+
+        def logged() -> list[int]:
+            return [r.status for r in caplog.records  # type: ignore[attr-defined]
+                    if r.name == "tidings.access" and r.route == "/contacts"]
+
+        with trio.fail_after(10):
+            while 499 not in logged():
+                await trio.sleep(0.02)
+        await holder.execute("DELETE FROM contacts WHERE team_id = $1", acme.team_id)
+    # The holder committed its delete: had the request gone on, its insert
+    # would now have been made.
+    await trio.sleep(0.3)
+    async with service.db.acquire() as conn:
+        assert await conn.fetchval(
+            "SELECT count(*) FROM contacts WHERE team_id = $1", acme.team_id) == 0
+    assert logged() == [499]

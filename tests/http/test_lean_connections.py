@@ -11,6 +11,7 @@ write.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,10 +20,16 @@ import trio
 
 from bench import bare
 from tidings.app import serve_asgi
+from tidings.http.departure import Departure, departure_of
 
 KEEP_ALIVE = 0.5
 WRITE = 1.0
 BIG = 32 * 1024 * 1024
+
+
+# What the app of a ``/watch`` request saw: the Departure, and whether its
+# wait was cut short by it.
+WATCHED: dict[str, Any] = {}
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -31,6 +38,16 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     while (await receive()).get("more_body"):
         pass
+    if scope["path"] == "/watch":  # waits, without reading receive, until the client goes
+        departure = WATCHED["departure"] = departure_of(scope)
+        assert departure is not None
+        with trio.CancelScope() as block:
+            departure.watch(block)
+            WATCHED["waiting"].set()
+            await trio.sleep(30)
+        WATCHED["cancelled"] = block.cancelled_caught
+        WATCHED["done"].set()
+        return
     if scope["path"].startswith("/slow"):
         gone = False
         async with trio.open_nursery() as nursery:  # as Quart: a disconnect cancels
@@ -189,6 +206,36 @@ async def test_a_client_that_half_closes_mid_request_is_not_waited_for(server: S
         while chunk := await stream.receive_some(65536):
             rest += chunk
     assert rest.startswith(b"HTTP/1.1 400 "), rest  # the body never came whole
+
+
+async def test_a_client_gone_mid_request_is_told_to_the_app_without_receive(
+    server: Server,
+) -> None:
+    # The server tells the app through the request's Departure: no task of
+    # the app waits on ``receive`` for the disconnect (tidings.http.departure).
+    WATCHED.update(waiting=trio.Event(), done=trio.Event())
+    sock = trio.socket.socket()
+    await sock.connect(("127.0.0.1", server.port))
+    stream = trio.SocketStream(sock)
+    await stream.send_all(request("/watch"))
+    with trio.fail_after(5):
+        await WATCHED["waiting"].wait()
+    assert not WATCHED["departure"].gone
+    # Gone outright (a reset, not a half-close after the request).
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+    with trio.fail_after(5):
+        await WATCHED["done"].wait()
+    assert WATCHED["cancelled"] and WATCHED["departure"].gone
+
+
+async def test_a_block_watched_after_the_client_went_is_cancelled_at_once() -> None:
+    departure = Departure()
+    departure.depart()
+    with trio.fail_after(1), trio.CancelScope() as block:
+        departure.watch(block)
+        await trio.sleep(5)
+    assert block.cancelled_caught
 
 
 async def stalled(server: Server) -> trio.SocketStream:

@@ -39,6 +39,7 @@ from werkzeug.routing import Map
 from werkzeug.sansio.request import Request as RequestView
 from werkzeug.sansio.utils import get_content_length
 
+from tidings.http.departure import cancelled_on_disconnect
 from tidings.http.envelope import (
     ApiError,
     conflict,
@@ -296,13 +297,11 @@ class FrontDoor:
         # after a whole request is not seen until the answer: architecture.md).
         result: Any = None
         failure: Exception | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+        async with cancelled_on_disconnect(scope, receive):
             try:
                 result = await run_incoming(service, route, incoming)
             except Exception as error:  # noqa: BLE001 - raised below, not in a group
                 failure = error
-            nursery.cancel_scope.cancel()
         if failure is not None:
             raise failure
         if result is None:
@@ -375,12 +374,6 @@ class FrontDoor:
             return self._answer(*http_error_answer(error, method, path, limit))
         log.error("unhandled error in %s %s", method, path, exc_info=error)
         return self._answer(500, INTERNAL, {})
-
-
-async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
 
 
 def _query_and_mimetype(scope: MutableMapping[str, Any]) -> tuple[dict[str, Any], str]:

@@ -17,6 +17,10 @@ costs"):
   ``LeanH11Protocol`` holds the head back and writes it with the first body
   bytes, the way uvicorn does: a small response is one write.
 
+``LeanH11Protocol`` also gives each request a ``Departure``, through which
+the application learns that its client has gone without a task waiting on
+``receive`` for it (``tidings.http.departure``).
+
 ``LeanTCPServer`` also limits each write to ``WRITE_SECONDS``: hypercorn's
 own write has no timeout and ignores cancellation, so a client that stopped
 reading held its connection, and the server's shutdown, for ever.
@@ -40,6 +44,7 @@ from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
+from tidings.http.departure import DEPARTURE, Departure, departure_of
 from tidings.http.protocol_errors import EnvelopeH11Protocol
 
 
@@ -218,6 +223,22 @@ class LeanH11Protocol(EnvelopeH11Protocol):
             await self.send(RawData(data=head))
         await super()._maybe_recycle()
 
+    async def _create_stream(self, request: h11.Request) -> None:
+        await super()._create_stream(request)
+        # The application's task is started but has not run: nothing since
+        # has waited. (Were it to run first, it would not find the extension
+        # and would watch ``receive`` instead: tidings.http.departure.)
+        scope = getattr(self.stream, "scope", None)
+        if scope is not None:
+            scope["extensions"][DEPARTURE] = Departure()
+
+    async def _close_stream(self) -> None:
+        scope = getattr(self.stream, "scope", None)
+        departure = None if scope is None else departure_of(scope)
+        if departure is not None:
+            departure.depart()
+        await super()._close_stream()
+
 
 def install() -> None:
     """Put the lean connection classes in place in hypercorn (idempotent)."""
@@ -226,7 +247,8 @@ def install() -> None:
                for name in ("_initiate_server_close", "_idle_timeout", "_read_data", "_close")):
         raise RuntimeError("hypercorn's TCPServer has changed: cannot install its keep-alive timer")
     _replace(hypercorn.protocol, "H11Protocol", H11Protocol, LeanH11Protocol)
-    if not all(hasattr(H11Protocol, name) for name in ("_send_h11_event", "_maybe_recycle")):
+    needed = ("_send_h11_event", "_maybe_recycle", "_create_stream", "_close_stream")
+    if not all(hasattr(H11Protocol, name) for name in needed):
         raise RuntimeError("hypercorn's H11Protocol has changed: cannot install its writes")
 
 
