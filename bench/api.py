@@ -17,9 +17,13 @@ In one run, on the same machine and the same hypercorn settings:
 
 Load comes from wrk when it is installed (one thread, ``--connections``
 keep-alive connections), else from the raw-trio generator in
-``bench/loadgen.py``. Each phase has an unmeasured warm-up. One JSON line on
-stdout: every phase's accepted requests/s, p50 and p99, the ratios to the
-bare app, the cost of idempotency keys, and the goals with whether each is met.
+``bench/loadgen.py``. Each phase has an unmeasured warm-up. Every app runs
+for the whole run; with ``--rounds N`` every phase runs N times, each round
+in the opposite order of the one before. One JSON line on stdout: every
+phase's accepted requests/s, p50 and p99 (medians over the rounds), the
+ratios to the bare app and the cost of idempotency keys (the medians of each
+round's own ratio, and with several rounds each round's), and the goals with
+whether each is met.
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ import itertools
 import os
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -56,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connections", type=int, default=16, help="concurrent connections")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up before each phase")
     parser.add_argument("--workers", type=int, default=2, help="workers of the last phases")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="times each phase runs, in alternating order; figures are the medians",
+    )
     parser.add_argument(
         "--loadgen", choices=("auto", "wrk", "trio"), default="auto",
         help="load generator (auto: wrk when installed)",
@@ -197,72 +206,119 @@ def _ratio(a: object, b: object) -> float | None:
     return round(a / b, 2) if b else None
 
 
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 2)
+
+
+# The phases of a round, in the order of the first; each later round runs
+# them in the opposite order of the one before, so that no phase always
+# comes first (or last) while the machine drifts.
+PHASES = ("bare", "bare_asgi", "plain", "idempotent", "peer_plain", "peer_idempotent",
+          "workers_plain", "workers_idempotent")
+# A phase: its load, whether each request has a key, the pid whose CPU is
+# counted, and the service whose PostgreSQL's CPU is.
+Target = tuple[Phase, bool, int, Service | None]
+
+
+def ratios(
+    rate: dict[str, float], results: dict[str, dict[str, object]]
+) -> dict[str, float | None]:
+    """The ratios of one round, and its worst p99 of one worker."""
+    cost = _ratio(rate["idempotent"], rate["plain"])
+    peer_cost = _ratio(rate["peer_idempotent"], rate["peer_plain"])
+    return {
+        "plain_vs_bare": _ratio(rate["plain"], rate["bare"]),
+        "idempotent_vs_bare": _ratio(rate["idempotent"], rate["bare"]),
+        "workers_plain_vs_bare": _ratio(rate["workers_plain"], rate["bare"]),
+        "idempotency_cost_pct": None if cost is None else round((1 - cost) * 100, 1),
+        "workers_plain_vs_peer": _ratio(rate["workers_plain"], rate["peer_plain"]),
+        "workers_plain_vs_bare_asgi": _ratio(rate["workers_plain"], rate["bare_asgi"]),
+        "plain_vs_peer": _ratio(rate["plain"], rate["peer_plain"]),
+        "peer_idempotency_cost_pct": None if peer_cost is None else round((1 - peer_cost) * 100, 1),
+        "worst_p99_ms": max(float(str(results[n]["p99_ms"])) for n in ("plain", "idempotent")),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
-    results: dict[str, dict[str, object]] = {}
     loadgen = "wrk" if args.loadgen == "wrk" or (
         args.loadgen == "auto" and wrk_available()) else "trio"
     log(f"load generator: {loadgen}")
-    with side_app("bench.bare") as (port, pid):
-        results["bare"] = measure(
-            "bare", load(args, "127.0.0.1", port, "none"), False, args, pid
-        )
-    with side_app("bench.bare", "--asgi") as (port, pid):
-        results["bare_asgi"] = measure(
-            "bare_asgi", load(args, "127.0.0.1", port, "none"), False, args, pid
-        )
     off = {"TIDINGS_RATE_LIMIT_PER_SECOND": "0"}
-    with running_service(off) as service:
+    rounds: list[dict[str, dict[str, object]]] = []
+    # Every app runs for the whole run, idle but for its own phases.
+    with ExitStack() as running:
+        bare_port, bare_pid = running.enter_context(side_app("bench.bare"))
+        asgi_port, asgi_pid = running.enter_context(side_app("bench.bare", "--asgi"))
+        service = running.enter_context(running_service(off))
         token = service.create_token("bench")
-        phase = load(args, service.host, service.port, token)
-        pid = service.process.pid
-        results["plain"] = measure("plain", phase, False, args, pid, service)
-        results["idempotent"] = measure("idempotent", phase, True, args, pid, service)
+        # The peer works on the same database, as the same team; it stops
+        # before the service does.
+        peer_app = ExitStack()
+        peer_port, peer_pid = peer_app.enter_context(
+            side_app("bench.peer", "--dsn", database_url(service)))
+        running.enter_context(peer_app)
+        workers = running.enter_context(
+            running_service(off, serve_args=("--workers", str(args.workers))))
+        plain = load(args, service.host, service.port, token)
+        peer = load(args, "127.0.0.1", peer_port, token)
+        several = load(args, workers.host, workers.port, workers.create_token("bench"))
+        targets: dict[str, Target] = {
+            "bare": (load(args, "127.0.0.1", bare_port, "none"), False, bare_pid, None),
+            "bare_asgi": (load(args, "127.0.0.1", asgi_port, "none"), False, asgi_pid, None),
+            "plain": (plain, False, service.process.pid, service),
+            "idempotent": (plain, True, service.process.pid, service),
+            "peer_plain": (peer, False, peer_pid, service),
+            "peer_idempotent": (peer, True, peer_pid, service),
+            "workers_plain": (several, False, workers.process.pid, workers),
+            "workers_idempotent": (several, True, workers.process.pid, workers),
+        }
+        for number in range(args.rounds):
+            order = PHASES if number % 2 == 0 else PHASES[::-1]
+            if args.rounds > 1:
+                log(f"round {number + 1} of {args.rounds}")
+            rounds.append({
+                name: measure(name, targets[name][0], targets[name][1], args,
+                              targets[name][2], targets[name][3])
+                for name in order
+            })
         peak_rss_mb = service.peak_rss_mb()
-        # The peer works on the same database, as the same team.
-        with side_app("bench.peer", "--dsn", database_url(service)) as (port, peer_pid):
-            peer = load(args, "127.0.0.1", port, token)
-            results["peer_plain"] = measure(
-                "peer_plain", peer, False, args, peer_pid, service)
-            results["peer_idempotent"] = measure(
-                "peer_idempotent", peer, True, args, peer_pid, service)
+        peer_app.close()
         shutdown = service.stop()
-    with running_service(off, serve_args=("--workers", str(args.workers))) as service:
-        phase = load(args, service.host, service.port, service.create_token("bench"))
-        pid = service.process.pid
-        results["workers_plain"] = measure(
-            "workers_plain", phase, False, args, pid, service)
-        results["workers_idempotent"] = measure(
-            "workers_idempotent", phase, True, args, pid, service)
-        workers_shutdown = service.stop()
+        workers_shutdown = workers.stop()
 
-    rate = {name: result["requests_per_s"] for name, result in results.items()}
-    vs_bare = _ratio(rate["plain"], rate["bare"])
-    cost_value = _ratio(rate["idempotent"], rate["plain"])
-    cost = None if cost_value is None else round((1 - cost_value) * 100, 1)
-    peer_cost_value = _ratio(rate["peer_idempotent"], rate["peer_plain"])
-    peer_cost = None if peer_cost_value is None else round((1 - peer_cost_value) * 100, 1)
-    workers_vs_peer = _ratio(rate["workers_plain"], rate["peer_plain"])
-    worst_p99 = max(float(str(results[n]["p99_ms"])) for n in ("plain", "idempotent"))
+    each = [ratios({n: float(str(r[n]["requests_per_s"])) for n in PHASES}, r) for r in rounds]
+    results = {
+        name: {
+            key: _median([float(str(r[name][key])) for r in rounds])
+            for key in rounds[0][name]
+            if all(isinstance(r[name].get(key), int | float) for r in rounds)
+        } for name in PHASES
+    }
+    # Judged on the median of each round's own figure.
+    judged = {
+        key: (None if any(e[key] is None for e in each)
+              else _median([float(str(e[key])) for e in each]))
+        for key in each[0]
+    }
+    vs_bare, cost = judged["plain_vs_bare"], judged["idempotency_cost_pct"]
+    workers_vs_peer = judged["workers_plain_vs_peer"]
+    worst_p99 = judged["worst_p99_ms"]
+    workers_rate = results["workers_plain"]["requests_per_s"]
     return {
         "bench": "api",
         "loadgen": loadgen,
         "seconds": args.seconds,
         "connections": args.connections,
         "workers": args.workers,
+        "rounds": args.rounds,
         **results,
-        "plain_vs_bare": vs_bare,
-        "idempotent_vs_bare": _ratio(rate["idempotent"], rate["bare"]),
-        "workers_plain_vs_bare": _ratio(rate["workers_plain"], rate["bare"]),
-        "idempotency_cost_pct": cost,
-        "workers_plain_vs_peer": workers_vs_peer,
-        "workers_plain_vs_bare_asgi": _ratio(rate["workers_plain"], rate["bare_asgi"]),
-        "plain_vs_peer": _ratio(rate["plain"], rate["peer_plain"]),
-        "peer_idempotency_cost_pct": peer_cost,
+        **judged,
+        "each_round": {key: [e[key] for e in each] for key in each[0]} if args.rounds > 1 else None,
         "goals": {
             "plain_vs_bare >= 0.6": vs_bare is not None and vs_bare >= 0.6,
             "idempotency_cost_pct < 15": cost is not None and cost < 15,
-            "p99_ms < 50 (one worker)": worst_p99 < 50,
-            "workers_plain >= 1381/s": float(str(rate["workers_plain"])) >= 1381,
+            "p99_ms < 50 (one worker)": worst_p99 is not None and worst_p99 < 50,
+            "workers_plain >= 1381/s": workers_rate >= 1381,
             "workers_plain >= peer_plain (same run)": (
                 workers_vs_peer is not None and workers_vs_peer >= 1.0),
         },
