@@ -4,7 +4,7 @@ An ASGI server reports a client that went away mid-request as an
 ``http.disconnect`` message on ``receive``, so an application that wants to
 stop work nobody will read the answer of needs a task waiting on
 ``receive`` beside that work: a nursery and a task for every request, about
-40 µs of CPU here, more than the rest of the front door's bookkeeping.
+40 µs of CPU here, about 5 % of a ``POST /contacts``.
 
 Tidings' HTTP/1.1 protocol (``lean_connections.LeanH11Protocol``) puts a
 ``Departure`` in each request's ``scope["extensions"]`` under ``DEPARTURE``
