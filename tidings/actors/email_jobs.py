@@ -132,6 +132,7 @@ class SendJob:
     async def claim(self, limit: int) -> Batch[store.Claimed]:
         emails = self._emails
         asked = trio.current_time()
+        sending = set(self._held)
         claimed, next_in, verified = await emails.db.run(
             claim_with_domains, self._team_id, emails.owner,
             emails.config.email_lease_seconds, limit,
@@ -143,7 +144,16 @@ class SendJob:
         # way goes on under the new lease; a second would send it twice.
         again = {item.id for item in claimed} & self._held
         self._lost -= again
-        claimed = [item for item in claimed if item.id not in again]
+        # One whose attempt was recorded while the claim ran: the claim may
+        # have taken it before the record (which then ended the new lease
+        # too), so it is not begun again but handed back; were it recorded
+        # first and due again at once, the next claim takes it.
+        ended = {item.id for item in claimed} & (sending - self._held)
+        if ended:
+            for key in ended:
+                self._ends.pop(key, None)
+            await emails.db.run(store.release, list(ended), emails.owner)
+        claimed = [item for item in claimed if item.id not in again | ended]
         self._held.update(item.id for item in claimed)
         self._domain_ids.update({item.id: verified.get(item.domain) for item in claimed})
         return Batch(claimed, next_in)
