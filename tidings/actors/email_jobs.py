@@ -146,14 +146,11 @@ class SendJob:
         self._lost -= again
         # One whose attempt was recorded while the claim ran: the claim may
         # have taken it before the record (which then ended the new lease
-        # too), so it is not begun again but handed back; were it recorded
-        # first and due again at once, the next claim takes it.
-        ended = {item.id for item in claimed} & (sending - self._held)
-        if ended:
-            for key in ended:
-                self._ends.pop(key, None)
-            await emails.db.run(store.release, list(ended), emails.owner)
-        claimed = [item for item in claimed if item.id not in again | ended]
+        # too), so it is not begun again but skipped, as a lost one is, and
+        # its lease released with the next record; were it recorded first
+        # and due again at once, the next claim takes it.
+        self._lost |= {item.id for item in claimed} & (sending - self._held)
+        claimed = [item for item in claimed if item.id not in again]
         self._held.update(item.id for item in claimed)
         self._domain_ids.update({item.id: verified.get(item.domain) for item in claimed})
         return Batch(claimed, next_in)
