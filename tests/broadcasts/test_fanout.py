@@ -7,6 +7,7 @@ import json
 import threading
 from dataclasses import replace
 from datetime import datetime
+from hashlib import md5
 from typing import Any
 from uuid import RFC_4122, UUID, uuid4
 
@@ -43,12 +44,17 @@ async def test_counting_rules_and_rendering(
     assert (done["queued_count"], done["failed_count"]) == (2, 0)
     emails = {e["to_addresses"][0]: e for e in await emails_of(service, bid)}
     assert set(emails) == {"ada@example.com", "bob@example.com"}
-    # Ids made from the broadcast and the contact are still RFC 4122 UUIDs.
+    # Ids made from the broadcast and the contact are still RFC 4122 UUIDs;
+    # so is the id of each email's queued event, made from the email's.
     for email in emails.values():
         made = UUID(str(email["id"]))
+        assert made == UUID(bytes=md5(f"{bid}{email['contact_id']}".encode()).digest(), version=3)
         assert (made.version, made.variant) == (3, RFC_4122)
         shown = ok(await client.get(f"/emails/{made}"))
         assert shown["id"] == str(made)
+        events = ok(await client.get(f"/emails/{made}/events"))["data"]
+        queued = [UUID(e["id"]) for e in events if e["type"] == "queued"]
+        assert queued == [UUID(bytes=md5(f"{made}:queued".encode()).digest(), version=3)]
     ada = emails["ada@example.com"]
     assert ada["subject"] == "Hello Ada" and ada["text"] == "Hi Ada & co"
     assert "<p>Hi Ada, 20% off</p>" in ada["html"] and "Spring &lt;sale&gt;" in ada["html"]

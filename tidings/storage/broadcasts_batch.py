@@ -21,8 +21,8 @@ Nothing is written unless the broadcast is still queued and leased to the
 caller. The broadcast row is only share-locked (``FOR KEY SHARE``) while a
 batch works, so batches run side by side; it is updated in the last
 statements, just before the commit. An email's id is made from its broadcast
-and contact (an RFC 4122 version 3 UUID: MD5 of the two, with the version
-and variant bits set): the primary key of emails is the guard that no
+and contact (``tidings.storage.events.name_id``, an RFC 4122 version 3
+UUID): the primary key of emails is the guard that no
 contact ever gets two emails of one broadcast.
 """
 
@@ -38,7 +38,7 @@ from tidings.storage.broadcasts import FANOUT_SHARED
 from tidings.storage.broadcasts_render import Rendered, Renderer
 from tidings.storage.connection import Connection
 from tidings.storage.emails import DUE_CHANNEL as EMAILS_DUE
-from tidings.storage.events import FANOUT
+from tidings.storage.events import FANOUT, name_id
 from tidings.storage.quotas import claim as claim_quota
 from tidings.storage.topics import not_opted_in
 
@@ -109,16 +109,13 @@ WITH b AS ({_HELD}), inserted AS (
            jsonb_build_array(jsonb_build_object('name', 'broadcast_id', 'value', $1::text)),
            'queued', $13, '<' || x.email_id || '@' || $13 || '>', $14, now(), now(),
            $1, x.contact_id
-    FROM b, (SELECT encode(set_byte(set_byte(d.h, 6, (get_byte(d.h, 6) & 15) | 48),
-                                    8, (get_byte(d.h, 8) & 63) | 128), 'hex')::uuid AS email_id,
-                    i.*
+    FROM b, (SELECT {name_id("$1::text || i.contact_id::text")} AS email_id, i.*
              FROM unnest($4::uuid[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
-                  AS i(contact_id, email, subject, html, text, link),
-                  LATERAL (SELECT decode(md5($1::text || i.contact_id::text), 'hex') AS h) d) x
+                  AS i(contact_id, email, subject, html, text, link)) x
     ON CONFLICT (id) DO NOTHING
     RETURNING id, team_id, to_addresses, subject
 ), queued AS MATERIALIZED (
-    SELECT i.*, gen_random_uuid() AS event_id FROM inserted i
+    SELECT i.*, {name_id("i.id::text || ':queued'")} AS event_id FROM inserted i
 ), email_event AS (
     INSERT INTO email_events (id, email_id, team_id, type, recipient, provider)
     SELECT event_id, id, team_id, 'queued', to_addresses[1], $14 FROM queued

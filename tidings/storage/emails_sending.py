@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from tidings.ids import new_id
 from tidings.storage.connection import Connection
 from tidings.storage.email_outcomes import Outcome, record_outcomes, suppressions_of
 from tidings.storage.emails import DUE_CHANNEL, Change, event_data, record_changes
@@ -93,9 +94,9 @@ WHERE id = ANY($1) AND lease_owner = $2
 """
 
 INSERT_FOLLOWUPS = """
-INSERT INTO email_followups (email_id, recipient, type, due_at, provider, code, message)
+INSERT INTO email_followups (email_id, recipient, type, due_at, provider, code, message, id)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
-                     $6::text[], $7::text[])
+                     $6::text[], $7::text[], $8::uuid[])
 """
 
 # Due followups of every team, taken out in the caller's transaction: the
@@ -259,6 +260,7 @@ async def record_attempts(
                 [f.provider for f in followups],
                 [f.code for f in followups],
                 [f.message for f in followups],
+                [new_id() for _ in followups],
             )
         await suppress_emails(conn, suppressions_of(changes))
     return len(kept)

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Literal
 from uuid import UUID
 
+from tidings.ids import new_id
 from tidings.providers.sms import SmsStatus
 from tidings.sms_keywords import keyword_action
 from tidings.storage import sms_consent
@@ -76,9 +77,9 @@ RETURNING t.id
 """
 
 INSERT_FOLLOWUPS = """
-INSERT INTO sms_followups (sms_id, kind, status, body, code, message, provider, due_at)
+INSERT INTO sms_followups (sms_id, kind, status, body, code, message, provider, due_at, id)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                     $7::text[], $8::timestamptz[])
+                     $7::text[], $8::timestamptz[], $9::uuid[])
 """
 
 # Due followups of every team, taken out in the transaction that records
@@ -217,6 +218,7 @@ async def record_attempts(
                 [f.message for f in followups],
                 [f.provider for f in followups],
                 [f.due_at for f in followups],
+                [new_id() for _ in followups],
             )
     # After the commit, never inside it: a callback that kept its report while
     # this transaction was open could not see the ids, and counts on this look.
