@@ -1,6 +1,6 @@
 """POST /emails input at its edges: every ``ARC-*`` header is refused, a
-display name refuses the characters a subject refuses, and an empty ``cc``,
-``bcc`` or ``reply_to`` list is none."""
+display name refuses the characters a subject refuses, a subject of spaces
+alone is refused, and an empty ``cc``, ``bcc`` or ``reply_to`` list is none."""
 
 from __future__ import annotations
 
@@ -30,6 +30,23 @@ async def test_headers_merely_like_arc_are_fine(client: httpx.AsyncClient) -> No
     headers = {"X-ARC-Foo": "x", "Arcade": "y"}
     email_id = await send(client, headers=headers)
     assert ok(await client.get(f"/emails/{email_id}"))["headers"] == headers
+
+
+@pytest.mark.parametrize("subject", [" ", "   ", "\u00a0", "\u3000 \u2003"])
+async def test_a_subject_of_spaces_alone_is_refused(
+    client: httpx.AsyncClient, subject: str
+) -> None:
+    refused = await client.post("/emails", json={**BODY, "subject": subject})
+    message = assert_error(refused, 400, "BAD_REQUEST")
+    assert "subject: holds no visible character" in message
+    batch = await client.post("/emails/batch", json=[BODY, {**BODY, "subject": subject}])
+    assert "1: subject: holds no visible character" in assert_error(batch, 400, "BAD_REQUEST")
+    assert ok(await client.get("/emails"))["data"] == []
+
+
+async def test_a_subject_with_spaces_around_a_word_is_kept(client: httpx.AsyncClient) -> None:
+    email_id = await send(client, subject="  Hi  there ")
+    assert ok(await client.get(f"/emails/{email_id}"))["subject"] == "  Hi  there "
 
 
 @pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x9b"])

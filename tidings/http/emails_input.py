@@ -23,7 +23,7 @@ from tidings.addresses import (
 )
 from tidings.fields import FieldError
 from tidings.http.models import Moment, RequestBody
-from tidings.rendering_variables import CONTROL_CHARACTERS
+from tidings.rendering_variables import CONTROL_CHARACTERS, VISIBLE
 from tidings.storage.templates import TemplateRef
 
 MAX_RECIPIENTS = 50
@@ -117,6 +117,10 @@ class SendEmail(RequestBody):
             raise ValueError("subject: must not contain line breaks")
         if self.subject is not None and _CONTROL.search(self.subject):
             raise ValueError("subject: control characters are not allowed")
+        if self.subject is not None and not VISIBLE.search(self.subject):
+            # As for a rendered subject (``subject_fault``): an email without
+            # one reads as spam, and its spaces would leave it with none.
+            raise ValueError("subject: holds no visible character (only spaces)")
         if self.scheduled_at is not None and self.scheduled_at.tzinfo is None:
             raise ValueError("scheduled_at: must carry a time zone (e.g. Z)")
         return self
