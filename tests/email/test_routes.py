@@ -127,6 +127,23 @@ async def test_list_filters_by_status_to_and_dates(client: httpx.AsyncClient) ->
     ] == []
 
 
+async def test_the_to_filter_reads_an_address_as_a_send_does(client: httpx.AsyncClient) -> None:
+    spellings = ['"quoted"@example.com', "<angle@example.com>", "Ann <ann@example.com>",
+                 "<@relay.example:routed@example.com>"]
+    sent = {
+        spelling: ok(await client.post("/emails", json={
+            "from": SENDER, "to": spelling, "subject": "x", "text": "x",
+            "scheduled_at": later(hours=1)}), 202)["id"]
+        for spelling in spellings
+    }
+    for spelling, email_id in sent.items():
+        for asked in (spelling, spelling.upper()):
+            found = ok(await client.get("/emails", params={"to": asked}))["data"]
+            assert [e["id"] for e in found] == [email_id], asked
+    nothing = ok(await client.get("/emails", params={"to": "Ann <nobody@example.com>"}))["data"]
+    assert nothing == []
+
+
 async def test_list_refuses_bad_filters(client: httpx.AsyncClient) -> None:
     for params in (
         {"status": "lost"},

@@ -22,6 +22,7 @@ from tidings.http.emails_input import (
     check_headers,
     check_schedule,
     mailbox,
+    recipient_lookup,
     shown,
     template_ref,
 )
@@ -290,9 +291,9 @@ async def list_emails(call: Call, query: EmailQuery) -> dict[str, Any]:
         raise bad_request("invalid query: end_date: must carry a time zone (e.g. Z)")
     if query.end_precedes_start:
         raise bad_request("invalid query: end_date: must not precede start_date")
-    where = manage.EmailFilter(
-        status=query.status, to=query.to, start=query.starts_from, end=query.end_date
-    )
+    to = None if query.to is None else recipient_lookup(query.to)
+    where = manage.EmailFilter(status=query.status, to=to, start=query.starts_from,
+                               end=query.end_date)
     found = await manage.list_emails(call.conn, call.team_id, where, query.limit + 1, query.offset)
     return {
         "object": "list",

@@ -155,6 +155,18 @@ def mailbox(field: str, value: str) -> tuple[str, str | None]:
     return found.address, found.name
 
 
+def recipient_lookup(value: str) -> str:
+    """The ``to`` filter's value as acceptance keeps a recipient to find it
+    by: the address of a mailbox in any spelling ``mailbox`` takes (quoted,
+    in angle brackets, with a display name); as given when it is none (it
+    then matches nothing)."""
+    try:
+        address, _ = mailbox("to", value.strip())
+    except InputError:
+        return value
+    return address
+
+
 def shown(address: str, name: str | None) -> str:
     """As the API shows (and the email stores) a mailbox: ``addresses.display``."""
     return display(name, address)
