@@ -128,7 +128,7 @@ async def test_list_filters_by_status_to_and_dates(client: httpx.AsyncClient) ->
 
 
 async def test_the_to_filter_reads_an_address_as_a_send_does(client: httpx.AsyncClient) -> None:
-    spellings = ['"quoted"@example.com', "<angle@example.com>", "Ann <ann@example.com>",
+    spellings = ['"quoted"@example.com', "<angle@example.com>",
                  "<@relay.example:routed@example.com>"]
     sent = {
         spelling: ok(await client.post("/emails", json={
@@ -140,8 +140,9 @@ async def test_the_to_filter_reads_an_address_as_a_send_does(client: httpx.Async
         for asked in (spelling, spelling.upper()):
             found = ok(await client.get("/emails", params={"to": asked}))["data"]
             assert [e["id"] for e in found] == [email_id], asked
-    nothing = ok(await client.get("/emails", params={"to": "Ann <nobody@example.com>"}))["data"]
-    assert nothing == []
+    # A mailbox with a display name is not an address: it matches nothing.
+    named = ok(await client.get("/emails", params={"to": "Ann <angle@example.com>"}))["data"]
+    assert named == []
 
 
 async def test_list_refuses_bad_filters(client: httpx.AsyncClient) -> None:

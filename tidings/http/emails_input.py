@@ -157,14 +157,14 @@ def mailbox(field: str, value: str) -> tuple[str, str | None]:
 
 def recipient_lookup(value: str) -> str:
     """The ``to`` filter's value as acceptance keeps a recipient to find it
-    by: the address of a mailbox in any spelling ``mailbox`` takes (quoted,
-    in angle brackets, with a display name); as given when it is none (it
-    then matches nothing)."""
+    by: an address in any spelling ``mailbox`` takes without a display name
+    (quoted, in angle brackets); as given otherwise (a mailbox with a name,
+    or no address at all: it then matches nothing)."""
     try:
-        address, _ = mailbox("to", value.strip())
+        address, name = mailbox("to", value.strip())
     except InputError:
         return value
-    return address
+    return value if name is not None else address
 
 
 def shown(address: str, name: str | None) -> str:
