@@ -75,7 +75,7 @@ async def test_batch_accepts_all_in_order_or_none(client: httpx.AsyncClient) -> 
         for n in range(3)
     ]
     data = ok(await client.post("/emails/batch", json=items), 202)
-    assert data["object"] == "list"
+    assert data["object"] == "list" and data["has_more"] is False  # CONTRACT §2's list shape
     ids = [item["id"] for item in data["data"]]
     assert len(ids) == 3 and all(item["object"] == "email" for item in data["data"])
     for n, email_id in enumerate(ids):

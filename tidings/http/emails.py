@@ -50,8 +50,12 @@ class Accepted(BaseModel):
 
 
 class AcceptedList(BaseModel):
+    """The list shape of CONTRACT §2; a batch is answered whole, so nothing
+    more is ever left to fetch."""
+
     object: Literal["list"] = "list"
     data: list[Accepted]
+    has_more: Literal[False] = False
 
 
 class BatchBody(RootModel[list[SendEmail]]):
