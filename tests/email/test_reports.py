@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import quopri
 from pathlib import Path
 from uuid import UUID
 
@@ -213,3 +215,45 @@ def test_a_forwarded_recipient_keeps_the_address_the_sender_gave() -> None:
     assert (found.recipient, found.original_recipient) == (
         "gone.forwarded@elsewhere.example", "gone@example.org")
     assert parse_report(sample("postfix_bounce.eml"))[0].original_recipient is None
+
+
+def _global_dsn(encoding: str | None) -> bytes:
+    """The sample DSN as RFC 6533 has it for mail sent with SMTPUTF8: its
+    fields in UTF-8, in a message/global-delivery-status part."""
+    raw = sample("postfix_bounce.eml").replace(
+        b"report-type=delivery-status", b"report-type=global-delivery-status"
+    ).replace(b"gone@example.org", "jürgen@example.org".encode())
+    head, rest = raw.split(b"Content-Type: message/delivery-status\n\n", 1)
+    fields, tail = rest.split(b"\n--4QxYz1abcd", 1)
+    if encoding == "base64":
+        fields = base64.encodebytes(fields)
+    elif encoding == "quoted-printable":
+        fields = quopri.encodestring(fields)
+    declared = b"" if encoding is None else f"Content-Transfer-Encoding: {encoding}\n".encode()
+    return (head + b"Content-Type: message/global-delivery-status\n" + declared + b"\n"
+            + fields + b"\n--4QxYz1abcd" + tail)
+
+
+@pytest.mark.parametrize("encoding", [None, "base64", "quoted-printable"])
+def test_an_internationalised_dsn(encoding: str | None) -> None:
+    reports = parse_report(_global_dsn(encoding))
+    assert [(r.outcome, r.recipient, r.code) for r in reports] == [
+        ("bounced", "jürgen@example.org", "5.1.1"),
+        ("delivery_delayed", "slow@example.org", "4.4.1"),
+    ]
+    assert reports[0].message is not None and "jürgen@example.org" in reports[0].message
+    assert {r.original_message_id for r in reports} == {"<abc@acme.example>"}
+
+
+def test_a_global_dsn_whose_fields_cannot_be_decoded_is_not_a_report() -> None:
+    head, rest = _global_dsn("base64").split(b"base64\n\n", 1)
+    raw = head + b"base64\n\nA\n--4QxYz1abcd" + rest.split(b"\n--4QxYz1abcd", 1)[1]
+    with pytest.raises(NotAReport, match="without its message/delivery-status part"):
+        parse_report(raw)
+
+
+def test_the_report_type_in_rfc_2231_form() -> None:
+    raw = sample("postfix_bounce.eml").replace(
+        b"report-type=delivery-status", b"report-type*=utf-8''delivery-status"
+    )
+    assert [r.outcome for r in parse_report(raw)] == ["bounced", "delivery_delayed"]

@@ -1,8 +1,10 @@
 """Delivery status notifications (RFC 3464) and abuse reports (ARF, RFC 5965).
 
 Both are ``multipart/report`` messages: a human-readable part, a
-machine-readable part (``message/delivery-status`` or
-``message/feedback-report``) and the original message or its headers. What
+machine-readable part (``message/delivery-status``, its internationalised
+form ``message/global-delivery-status`` (RFC 6533) for mail sent with
+SMTPUTF8, or ``message/feedback-report``) and the original message or its
+headers. What
 Tidings needs of them is, per recipient, the original ``Message-ID`` and
 what happened: a bounce, a delay, a delivery or a complaint, with the status
 and the diagnostic the reporting server gave; and of the whole report, the
@@ -13,15 +15,19 @@ library's ``email`` package.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import email
 import email.policy
+import quopri
 import re
 from dataclasses import dataclass
 from email.header import Header, decode_header
 from email.message import Message
 from email.parser import HeaderParser
-from email.utils import getaddresses
+from email.utils import collapse_rfc2231_value, decode_rfc2231, getaddresses
 from typing import Literal
+from urllib.parse import unquote
 
 from tidings.email.bounce_addresses import BounceAddress, parse_bounce_address
 
@@ -168,6 +174,37 @@ def _machine_part(report: Message, kind: str) -> list[Message]:
     return []
 
 
+# The blank lines between the field blocks of a delivery-status part.
+_BLOCK_BREAK = re.compile(rb"\r?\n[ \t]*\r?\n")
+
+
+def _global_blocks(report: Message) -> list[Message]:
+    """The field blocks of a ``message/global-delivery-status`` part (RFC
+    6533 §6.3): UTF-8 fields, possibly base64 or quoted-printable, which the
+    standard library parses as one enclosed message (its first block as the
+    headers, the others as the body) rather than block by block."""
+    for part in _parts(report):
+        if part.get_content_type() != "message/global-delivery-status":
+            continue
+        enclosed = _parts(part)
+        if enclosed:
+            data = enclosed[0].as_bytes()  # the part's text as received
+        else:
+            payload = part.get_payload(decode=True)
+            data = payload if isinstance(payload, bytes) else b""
+        encoding = str(part.get("Content-Transfer-Encoding", "")).strip().lower()
+        try:
+            if encoding == "base64":
+                data = base64.b64decode(data)
+            elif encoding == "quoted-printable":
+                data = quopri.decodestring(data)
+        except (binascii.Error, ValueError):
+            return []
+        return [email.message_from_bytes(block.strip(b"\r\n"), policy=email.policy.compat32)
+                for block in _BLOCK_BREAK.split(data) if block.strip()]
+    return []
+
+
 # A msg-id (RFC 5322 §3.6.4): what is between the angle brackets, without
 # the comments and folding that may surround it.
 _MSG_ID = re.compile(r"<[^<>\s]+>")
@@ -226,7 +263,7 @@ def _original_message_id(report: Message) -> str | None:
 
 
 def _dsn(report: Message) -> list[Report]:
-    blocks = _machine_part(report, "message/delivery-status")
+    blocks = _machine_part(report, "message/delivery-status") or _global_blocks(report)
     if not blocks:
         raise NotAReport("a delivery-status report without its message/delivery-status part")
     original = _original_message_id(report)
@@ -308,13 +345,24 @@ def parse_reports(raw: bytes) -> Reports:
         raise NotAReport("nested too deeply to be a report") from None
 
 
+def _report_type(message: Message) -> str:
+    """The ``report-type`` parameter, also in RFC 2231's form
+    (``report-type*=utf-8''delivery-status``), which the standard library
+    decodes only for names without a hyphen."""
+    value = message.get_param("report-type")
+    if value is None:
+        encoded = message.get_param("report-type*")
+        if isinstance(encoded, str):
+            value = unquote(decode_rfc2231(encoded)[-1])  # the report types are ASCII
+    return collapse_rfc2231_value(value or "").strip().lower()
+
+
 def _parsed(raw: bytes) -> Reports:
     message = email.message_from_bytes(raw, policy=email.policy.compat32)
     if message.get_content_type() != "multipart/report":
         raise NotAReport(f"not a multipart/report message but {message.get_content_type()}")
-    kind = (message.get_param("report-type") or "")
-    kind = kind.lower() if isinstance(kind, str) else ""
-    if kind == "delivery-status":
+    kind = _report_type(message)
+    if kind in ("delivery-status", "global-delivery-status"):
         found = _dsn(message)
     elif kind == "feedback-report":
         found = _arf(message)
