@@ -239,9 +239,25 @@ def test_compiling_is_cached_by_content() -> None:
                                                                  variables=[NAME]))
 
 
+@pytest.mark.parametrize(("kind", "valid", "invalid"), [
+    ("number", 1, True), ("number", 0, False), ("boolean", True, 1), ("boolean", False, 0),
+])
+def test_a_cached_version_lets_no_fallback_of_another_type_through(
+    kind: str, valid: object, invalid: object
+) -> None:
+    """``True == 1`` in Python: a version compiled (and checked) once must not
+    stand in for the same content whose fallback is of the wrong type."""
+    checked = compile_template(Version(html="{{{N}}}", variables=(Variable("N", kind, valid),)))
+    with pytest.raises(TemplateError) as raised:
+        compile_template(Version(html="{{{N}}}", variables=(Variable("N", kind, invalid),)))
+    assert raised.value.field == "variables.0.fallback_value"
+    same = compile_template(Version(html="{{{N}}}", variables=(Variable("N", kind, valid),)))
+    assert same is checked
+
+
 def test_the_cache_keeps_within_its_budget_and_drops_the_least_recent() -> None:
     cache = _CompiledCache(max_chars=40_000)  # room for about 6 of these
-    keys = [("Hi", f"<p>{n}</p>" + "x" * 1000, None, ()) for n in range(12)]
+    keys = [Version(subject="Hi", html=f"<p>{n}</p>" + "x" * 1000) for n in range(12)]
     first = cache.get(keys[0])
     for key in keys[1:]:
         cache.get(key)
@@ -251,7 +267,7 @@ def test_the_cache_keeps_within_its_budget_and_drops_the_least_recent() -> None:
     assert cache.get(keys[0]) is first
     assert keys[1] not in cache and keys[-1] in cache
     # A template larger than the whole budget is compiled but not kept.
-    huge = ("Hi", "y" * 20_000, None, ())
+    huge = Version(subject="Hi", html="y" * 20_000)
     assert cache.get(huge) is not cache.get(huge)
 
 

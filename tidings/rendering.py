@@ -278,7 +278,21 @@ class CompiledTemplate:
         )
 
 
-CacheKey = tuple[str, str, str | None, tuple[Variable, ...]]
+# A version's content as the cache knows it. Each variable is keyed with its
+# fallback's type: ``True == 1`` in Python, but a boolean fallback is no
+# fallback for a number (nor 1 for a boolean), and a version found in the
+# cache is not checked again.
+CacheKey = tuple[str, str, str | None, tuple[tuple[object, ...], ...]]
+
+
+def _variable_key(variable: Variable) -> tuple[object, ...]:
+    value = variable.fallback_value
+    return (variable.key, variable.type, type(value), value)
+
+
+def _key(content: Content) -> CacheKey:
+    return (content.subject, content.html, content.text,
+            tuple(map(_variable_key, content.variables)))
 
 
 class _CompiledCache:
@@ -292,14 +306,15 @@ class _CompiledCache:
         self._entries: OrderedDict[CacheKey, tuple[CompiledTemplate, int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: CacheKey) -> CompiledTemplate:
+    def get(self, content: Content) -> CompiledTemplate:
+        key = _key(content)
+        subject, html, text = content.subject, content.html, content.text
         with self._lock:
             found = self._entries.get(key)
             if found is not None:
                 self._entries.move_to_end(key)
                 return found[0]
-        subject, html, text, variables = key
-        compiled = CompiledTemplate(subject, html, text, variables)
+        compiled = CompiledTemplate(subject, html, text, tuple(content.variables))
         # The key's strings and the format strings made of them.
         size = len(subject) + len(html) + len(text or "") + compiled.chars + 1000
         if size > self.max_chars:
@@ -316,8 +331,8 @@ class _CompiledCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key: CacheKey) -> bool:
-        return key in self._entries
+    def __contains__(self, content: Content) -> bool:
+        return _key(content) in self._entries
 
 
 # At most 32 M characters of templates: under 150 MB even if all were 4-byte characters.
@@ -326,7 +341,7 @@ _cache = _CompiledCache(max_chars=32 * 1024 * 1024)
 
 def compile_template(content: Content) -> CompiledTemplate:
     """The compiled form of a version (cached by content). Raises TemplateError."""
-    return _cache.get((content.subject, content.html, content.text, tuple(content.variables)))
+    return _cache.get(content)
 
 def render(content: Content, variables: Mapping[str, object]) -> Rendered:
     """Render a version with ``variables``. Raises RenderError listing every bad key."""

@@ -272,6 +272,26 @@ async def test_variable_keys_types_and_fallbacks_are_checked(client: httpx.Async
         assert expected in message, (declared, message)
 
 
+async def test_a_fallback_equal_to_a_valid_one_but_of_another_type_is_refused_every_time(
+    client: httpx.AsyncClient,
+) -> None:
+    """``True == 1`` in Python: content checked once (and compiled) must not
+    let the same content with a boolean fallback for a number through, on
+    create or on PATCH."""
+    html = "<p>{{{N}}}</p>"
+    number = [{"key": "N", "type": "number", "fallback_value": 1}]
+    boolean = [{"key": "N", "type": "number", "fallback_value": True}]
+    template_id = await created_id(client, html=html, variables=number)
+    message = assert_error(await create(client, html=html, variables=boolean), 400, "BAD_REQUEST")
+    assert "variables.0.fallback_value" in message and "got boolean" in message
+    patched = await client.patch(f"/templates/{template_id}", json={"variables": boolean})
+    assert "got boolean" in assert_error(patched, 400, "BAD_REQUEST")
+    stored = (await client.get(f"/templates/{template_id}")).json()["data"]["current_version"]
+    assert stored["version_number"] == 1
+    assert stored["variables"][0]["fallback_value"] == 1
+    assert stored["variables"][0]["fallback_value"] is not True
+
+
 async def test_placeholders_must_name_declared_variables(client: httpx.AsyncClient) -> None:
     declared = [{"key": "NAME", "type": "string"}]
     assert (
