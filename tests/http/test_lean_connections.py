@@ -309,3 +309,35 @@ async def _serve(
 ) -> None:
     await serve_asgi(asgi, "127.0.0.1", 0, grace_seconds=2, keep_alive_seconds=KEEP_ALIVE,
                      shutdown_trigger=trigger, task_status=task_status)
+
+
+async def test_an_error_escaping_one_connection_ends_that_connection_alone(
+    server: Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fault where no one expects one (here h11, made to fail on a marked
+    request): hypercorn let it out of the connection's task into the
+    server's nursery, which stopped serving every connection. The connection
+    closes, the fault is logged, and the server serves the next request."""
+    import h11
+
+    parse = h11.Connection.next_event
+
+    def next_event(self: h11.Connection) -> Any:
+        if b"X-Fault" in bytes(self.trailing_data[0]):
+            raise RuntimeError("a fault in the HTTP parser")
+        return parse(self)
+
+    monkeypatch.setattr(h11.Connection, "next_event", next_event)
+    idle = await server.connect()
+    await idle.send_all(request("/before"))
+    assert b'"/before"' in await read_response(idle)
+    faulty = await server.connect()
+    await faulty.send_all(b"GET /fault HTTP/1.1\r\nHost: t\r\nX-Fault: 1\r\n\r\n")
+    assert await closed_within(faulty, 5)
+    with trio.fail_after(5):  # logged once the connection is closed
+        while not any("a connection failed" in r.getMessage() for r in caplog.records):
+            await trio.sleep(0.01)
+    for stream in (idle, await server.connect()):
+        await stream.send_all(request("/after"))
+        assert b'"/after"' in await read_response(stream)
+    assert not server.stopped.is_set()

@@ -184,9 +184,13 @@ async def test_a_method_is_case_sensitive(base_url: str) -> None:
 async def test_a_method_tidings_has_no_route_for_is_501_and_one_it_has_elsewhere_405(
     base_url: str, client: httpx.AsyncClient
 ) -> None:
-    for method in (b"PROPFIND", b"FOO", b"TRACE"):
+    for method in (b"PROPFIND", b"FOO", b"PRI"):
         status, headers, answer = await exchange(
             base_url, method + b" /contacts HTTP/1.1\r\nHost: x\r\n\r\n")
         assert "method" in assert_envelope(status, headers, answer, 501), method
-    # PUT is a method of Tidings, only not of this path.
+    # PUT is a method of Tidings, only not of this path; TRACE, a method of
+    # RFC 9110, of no path (CONTRACT §2: a wrong method is 405).
     assert (await client.put("/contacts", json={})).status_code == 405
+    traced = await client.request("TRACE", "/contacts")
+    assert traced.status_code == 405 and traced.json()["error"]["code"] == "BAD_REQUEST"
+    assert "TRACE" not in traced.headers["allow"]

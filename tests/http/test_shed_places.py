@@ -3,12 +3,14 @@ the rest of a body an answer did not need."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import httpx
 import pytest
 import trio
 
+from tests.conftest import MakeToken
 from tidings.config import Config
 
 
@@ -59,4 +61,39 @@ async def test_answers_waiting_for_a_body_they_did_not_need_hold_no_place(
     for stream in streams:
         with trio.fail_after(5):
             assert (await _head(stream)).startswith(b"HTTP/1.1 401 ")
+        await stream.aclose()
+
+
+async def test_a_shed_request_is_answered_whole_when_more_follows_it(
+    base_url: str, make_token: MakeToken
+) -> None:
+    """Every place is held by an upload that stalls (two teams, two each);
+    a third team's request, with another request right behind it in the
+    same write, is shed: its 503 (which closes the connection) is written
+    whole before the close, however the bytes behind it were read."""
+    host, port = base_url.removeprefix("http://").rsplit(":", 1)
+    stalled = []
+    for team in ("one", "two"):
+        secret = (await make_token(team=team)).secret.encode()
+        for _ in range(2):
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(
+                b"POST /contacts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret
+                + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            stalled.append(stream)
+    third = (await make_token(team="three")).secret.encode()
+    request = b"GET /contacts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + third + b"\r\n\r\n"
+    with trio.fail_after(20):
+        for follower in (b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n", b"\r\n") * 5:
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(request + follower)
+            received = b""
+            while chunk := await stream.receive_some(65536):
+                received += chunk
+            await stream.aclose()
+            head, _, body = received.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 "), (follower, received)
+            assert b"retry-after: " in head.lower()
+            assert json.loads(body)["error"]["code"] == "SERVICE_UNAVAILABLE"
+    for stream in stalled:
         await stream.aclose()

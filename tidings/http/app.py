@@ -13,8 +13,10 @@ import time
 from typing import TYPE_CHECKING
 
 from quart import Response, g, request
+from quart.wrappers import BaseRequestWebsocket
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import BadHost, HTTPException
+from werkzeug.routing import MapAdapter
 
 from tidings.http import (
     broadcasts,
@@ -104,8 +106,26 @@ def http_error(error: HTTPException) -> Response:
     ))
 
 
+class TidingsApp(QuartTrio):
+    """Quart on trio, routing by method and path alone."""
+
+    def create_url_adapter(self, request: BaseRequestWebsocket | None) -> MapAdapter | None:
+        # Quart binds its routes to the request's host, which werkzeug
+        # encodes with IDNA first: a Host such as "." or "x..y" (valid
+        # reg-names, RFC 3986 §3.2.2) failed that, outside every error
+        # handler, as a 500. No route of Tidings depends on the host.
+        try:
+            return super().create_url_adapter(request)
+        except BadHost:
+            assert request is not None  # without a request, nothing is bound to a host
+            return self.url_map.bind(
+                "localhost", request.root_path, None, request.scheme, request.method,
+                request.path, request.query_string.decode(),
+            )
+
+
 def create_app(service: Service) -> QuartTrio:
-    app = QuartTrio("tidings")
+    app = TidingsApp("tidings")
     # What any request may buffer; each route enforces its own limit within it.
     app.config["MAX_CONTENT_LENGTH"] = max(
         route.max_body_bytes(service.config) for route in all_routes()

@@ -23,7 +23,8 @@ the application learns that its client has gone without a task waiting on
 
 ``LeanTCPServer`` also limits each write to ``WRITE_SECONDS``: hypercorn's
 own write has no timeout and ignores cancellation, so a client that stopped
-reading held its connection, and the server's shutdown, for ever.
+reading held its connection, and the server's shutdown, for ever. And an
+error that escapes one connection ends that connection alone.
 
 None of this has a setting in hypercorn, so ``install()`` puts the two classes
 in place of the names hypercorn's trio worker looks up
@@ -33,6 +34,7 @@ after checking that the pinned hypercorn still has the shape they rely on.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -46,6 +48,8 @@ from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from tidings.http.departure import DEPARTURE, Departure, departure_of
 from tidings.http.protocol_errors import EnvelopeH11Protocol
+
+log = logging.getLogger("tidings.http")
 
 
 class KeepAliveTimer:
@@ -136,6 +140,15 @@ class LeanTCPServer(TCPServer):
         # Set when the connection is closed, or its last write failed: the
         # end of the response that an EOF from the client waits for.
         self._answered = trio.Event()
+
+    async def run(self) -> None:
+        # An error that escapes one connection's handling ends that
+        # connection, not the server: hypercorn runs every connection in the
+        # server's nursery, where it ended the serving of all of them.
+        try:
+            await super().run()
+        except Exception:
+            log.exception("a connection failed and was closed; the server goes on")
 
     async def protocol_send(self, event: Any) -> None:
         if not isinstance(event, RawData):

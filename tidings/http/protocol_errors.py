@@ -12,6 +12,7 @@ puts the result in place of the one name that hypercorn's
 
 from __future__ import annotations
 
+import re
 from itertools import chain
 from typing import Any
 
@@ -42,9 +43,24 @@ def head_size(request: h11.Request) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in request.headers) + 2
 
 
-# The methods of RFC 9110 that Tidings' routes use or answer (OPTIONS, PUT:
-# 405 where no route has them). Method names are case-sensitive (§9.1).
-IMPLEMENTED_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"})
+# The methods of RFC 9110 that Tidings' routes use or answer (OPTIONS, PUT,
+# TRACE: 405 where no route has them). Method names are case-sensitive (§9.1).
+IMPLEMENTED_METHODS = frozenset(
+    {b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS", b"TRACE"}
+)
+# A request target in absolute form (RFC 9112 §3.2.2): a scheme, then "://".
+_ABSOLUTE_FORM = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def target_is_valid(method: bytes, target: bytes) -> bool:
+    """A path from ``/`` (origin form), a whole URI (absolute form), or ``*``
+    for OPTIONS (RFC 9112 §3.2). Anything else ("?x=1", "healthz") names no
+    resource."""
+    if target.startswith(b"/"):
+        return True
+    if target == b"*":
+        return method == b"OPTIONS"
+    return _ABSOLUTE_FORM.match(target) is not None
 
 
 class _Connection(h11.Connection):
@@ -78,11 +94,19 @@ class EnvelopeH11Protocol(H11Protocol):
     checked again on the whole head here.
 
     Bytes after a whole request that closes the connection (``Connection:
-    close``, HTTP/1.0) are not a malformed request: RFC 9112 §9.6 has the
-    server answer that request and then close, reading nothing more. h11 calls
-    them an error, and hypercorn answered it with a 400 in place of the
-    response and closed the connection at once; here the response under way
-    is sent and the connection closes after it.
+    close``, HTTP/1.0, or an answer that closes it, as a shed request's
+    503) are not a malformed request: RFC 9112 §9.6 has the server answer
+    that request and then close, reading nothing more. h11 calls them an
+    error, and hypercorn answered it with a 400 in place of the response, or
+    closed the connection at once when the response had begun; here the
+    response under way is sent whole and the connection closes after it.
+
+    Tidings speaks HTTP/1.1 alone, on this protocol: a request asking to
+    upgrade (to ``h2c``, to a WebSocket) is answered as the HTTP/1.1 request
+    it is (RFC 9110 §7.8 lets a server ignore ``Upgrade``), and HTTP/2's
+    preface (``PRI * HTTP/2.0``) is a method Tidings does not implement.
+    hypercorn switched protocols there, to code paths that the limits and
+    checks of this one do not cover.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -90,16 +114,25 @@ class EnvelopeH11Protocol(H11Protocol):
         self.connection = _Connection(
             h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size
         )
-        self._keep_open = False  # skip the close that follows an error, once
         server_send = self.send
 
         async def send(event: Any) -> None:
-            if isinstance(event, Closed) and self._keep_open:
-                self._keep_open = False
-                return
+            if isinstance(event, Closed) and self._answer_under_way():
+                return  # the connection closes when the answer is done
             await server_send(event)
 
         self.send = send
+
+    def _answer_under_way(self) -> bool:
+        """Whether the request now answered arrived whole and its answer is
+        not done, while what followed it was refused (h11's ERROR)."""
+        connection = self.connection
+        return (connection.their_state is h11.ERROR
+                and getattr(connection, "completed", False)
+                and connection.our_state in (h11.SEND_RESPONSE, h11.SEND_BODY))
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        """No switch of protocols (see the class): the request is HTTP/1.1."""
 
     async def _create_stream(self, request: h11.Request) -> None:
         status = None
@@ -112,19 +145,26 @@ class EnvelopeH11Protocol(H11Protocol):
             # upper-case it, and a router take "post" for POST, which a filter
             # in front checking for POST would not.
             status = 501
+        elif not target_is_valid(request.method, request.target):
+            status = 400
         if status is not None:
             await self._send_error_response(status)
             await self.send(Closed())
             return  # no stream: the loop reading this connection stops
+        if any(name == b"upgrade" for name, _ in request.headers):
+            # hypercorn would open a WebSocket on it: the request goes on
+            # without the header. h11 holds what follows until the answer,
+            # which, not being 101, refuses the switch.
+            request = h11.Request(
+                method=request.method, target=request.target, http_version=request.http_version,
+                headers=[(n, v) for n, v in request.headers.raw_items() if n.lower() != b"upgrade"],
+            )
         await super()._create_stream(request)
 
     async def _send_error_response(self, status_code: int) -> None:
-        if self.connection.our_state is h11.SEND_RESPONSE and getattr(
-            self.connection, "completed", False
-        ):
+        if self._answer_under_way():
             # Bytes after the whole request: its response goes out, then the
             # connection closes (our state DONE, theirs not: no next cycle).
-            self._keep_open = True
             return
         if self.connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             # A response is under way or sent already (an answer given before
