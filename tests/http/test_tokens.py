@@ -395,3 +395,66 @@ async def test_secrets_are_stored_only_as_a_hash(
                     assert secret.encode() not in bytes(value), column
                 else:
                     assert secret not in str(value), column
+
+
+async def _upload_in_two_parts(
+    base_url: str, path: str, secret: str, body: bytes, between: Any
+) -> tuple[int, dict[str, Any]]:
+    """Send a request's head and the first byte of its body, run ``between``,
+    then send the rest; the status and the JSON answer."""
+    host, port = base_url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Authorization: Bearer {secret}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:1])
+    await between()
+    await stream.send_all(body[1:])
+    received = b""
+    with trio.fail_after(10):
+        while chunk := await stream.receive_some(65536):
+            received += chunk
+    await stream.aclose()
+    head, _, answer = received.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(answer)
+
+
+async def test_a_token_that_expires_while_its_body_arrives_writes_nothing(
+    base_url: str, http: httpx.AsyncClient, make_token: MakeToken, client: httpx.AsyncClient
+) -> None:
+    """The token is checked before the body is read, and again once it is in:
+    a body may take up to a minute to arrive."""
+    for path, body, listed in (
+        ("/contacts", b'{"email": "late@example.com"}', "/contacts"),  # a storage unit
+        ("/domains", b'{"name": "late.example"}', "/domains"),  # a route on the trio side
+    ):
+        token = await make_token(expires_in=1.0)
+        status, answer = await _upload_in_two_parts(
+            base_url, path, token.secret, body, lambda: trio.sleep(1.3))
+        assert status == 401 and "expired" in answer["error"]["message"], answer
+        assert (await client.get(listed)).json()["data"]["data"] == []
+
+
+async def test_a_token_revoked_while_its_body_arrives_writes_nothing(
+    base_url: str, http: httpx.AsyncClient, make_token: MakeToken, client: httpx.AsyncClient
+) -> None:
+    manager = await make_token(permissions=["tokens:manage"], step_up=True)
+    for path, body, listed in (
+        ("/contacts", b'{"email": "late@example.com"}', "/contacts"),
+        ("/domains", b'{"name": "late.example"}', "/domains"),
+    ):
+        victim = await make_token()
+        await assert_works(http, victim.headers)  # cached
+
+        async def revoke(victim: Credential = victim) -> None:
+            revoked = await http.delete(f"/tokens/{victim.token_id}", headers=manager.headers)
+            assert revoked.status_code == 204, revoked.text
+
+        status, answer = await _upload_in_two_parts(base_url, path, victim.secret, body, revoke)
+        assert status == 401 and "revoked" in answer["error"]["message"], answer
+        assert (await client.get(listed)).json()["data"]["data"] == []
+    # A token that stays valid is let through as ever.
+    status, answer = await _upload_in_two_parts(
+        base_url, "/contacts", (await make_token()).secret, b'{"email": "on@example.com"}',
+        lambda: trio.sleep(0.1))
+    assert status == 201 and answer["data"]["email"] == "on@example.com"

@@ -39,6 +39,7 @@ from werkzeug.routing import Map
 from werkzeug.sansio.request import Request as RequestView
 from werkzeug.sansio.utils import get_content_length
 
+from tidings.http.admission import admission, still_admitted
 from tidings.http.departure import cancelled_on_disconnect
 from tidings.http.envelope import (
     ApiError,
@@ -49,7 +50,7 @@ from tidings.http.envelope import (
     storage_failure,
 )
 from tidings.http.idempotency_key import IDEMPOTENCY_HEADER, fingerprint, one_key_header
-from tidings.http.pipeline import Incoming, admission, run_incoming
+from tidings.http.pipeline import Incoming, run_incoming
 from tidings.http.ratelimit import RateLimiter
 from tidings.http.routing import MUTATING, Route
 from tidings.logging_setup import choose_request_id, log_access, request_id
@@ -260,6 +261,7 @@ class FrontDoor:
         exchange: _Request, receive: Receive,
     ) -> Any:
         service = self._service
+        version = service.tokens.version
         token = await admission(
             service, route, self._limiter, exchange.authorization, exchange.admitted
         )
@@ -269,6 +271,7 @@ class FrontDoor:
                 raw_body = await self._read_body(
                     exchange, receive, route.max_body_bytes(service.config)
                 )
+            await still_admitted(service, token, exchange.authorization, version)
         elif not exchange.announces_body:
             # Its one message is there already: read, the connection knows
             # the request is whole. A body a route does not take (a GET with

@@ -30,12 +30,8 @@ from quart import Response, g, request
 
 from tidings.actors.idempotency import LOCK_LOST, Proceed, Refuse, Replay
 from tidings.actors.mailbox import ActorError
-from tidings.http.envelope import (
-    ApiError,
-    conflict,
-    json_response,
-    unauthorized,
-)
+from tidings.http.admission import admission, still_admitted
+from tidings.http.envelope import ApiError, conflict, json_response
 from tidings.http.idempotency_key import (
     IDEMPOTENCY_HEADER,
     fingerprint,
@@ -47,7 +43,6 @@ from tidings.http.parsing import arguments, parse_path, query_values, read_body
 from tidings.http.ratelimit import NO_TOKEN, RateLimiter
 from tidings.http.routing import MUTATING, NO_CONNECTION, Call, Finish, Route
 from tidings.storage import idempotency as records
-from tidings.storage import tokens as token_store
 from tidings.storage.db import AsyncioConnection, Connection
 from tidings.storage.errors import unavailable
 from tidings.storage.tokens import Token
@@ -61,62 +56,6 @@ log = logging.getLogger("tidings.http")
 ACTOR_TIMEOUT_SECONDS = 10.0
 
 
-# --- reading the request (trio side, pure) ----------------------------------
-
-
-def bearer_secret(headers: list[str]) -> str:
-    """The secret of the one ``Authorization: Bearer`` header among ``headers``."""
-    if len(headers) > 1:
-        # Never pick one of several credentials: refuse them all.
-        raise unauthorized(
-            "more than one Authorization header: send exactly one", "invalid_request"
-        )
-    header = headers[0] if headers else ""
-    if not header:
-        raise unauthorized("missing Authorization header with a bearer token")
-    scheme, _, secret = header.strip().partition(" ")
-    secret = secret.strip()
-    if scheme.lower() != "bearer" or not secret:
-        raise unauthorized("Authorization header must be 'Bearer <token>'", "invalid_request")
-    if any(char.isspace() or char == "," for char in secret):
-        raise unauthorized(
-            "Authorization header must hold exactly one bearer token", "invalid_request"
-        )
-    return secret
-
-
-def secret_hash_of(secret: str) -> bytes | None:
-    """The hash to look the secret up by; None when it cannot be a Tidings token."""
-    if not secret.startswith(token_store.TOKEN_PREFIX):
-        return None
-    return token_store.hash_secret(secret)
-
-
-def admit(
-    route: Route, token: Token | None, rate_limiter: RateLimiter, seen: list[UUID] | None = None
-) -> Token:
-    """``token`` may call ``route`` now, or the 401/403/429 that says why not.
-    An authentic token adds its team to ``seen`` (for the access log)."""
-    if token is None:
-        raise unauthorized("invalid token", "invalid_token")
-    if token.revoked_at is not None:
-        raise unauthorized("token has been revoked", "invalid_token")
-    if token.expired:
-        raise unauthorized("token has expired", "invalid_token")
-    if seen is not None:
-        seen.append(token.team_id)
-    if route.permission is not None and route.permission not in token.permissions:
-        raise ApiError(403, "FORBIDDEN", f"this token lacks the permission {route.permission!r}")
-    if route.step_up and not token.step_up:
-        raise ApiError(
-            403,
-            "STEP_UP_REQUIRED",
-            "this operation needs a step-up token (tidings tokens create --step-up)",
-        )
-    rate_limiter.check(token.id)
-    return token
-
-
 async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -> Token:
     """The caller's token, checked for this route; from the cache when it can be."""
     seen: list[UUID] = []
@@ -127,28 +66,6 @@ async def authorize(service: Service, route: Route, rate_limiter: RateLimiter) -
     finally:
         if seen:
             g.team_id = seen[0]
-
-
-async def admission(
-    service: Service, route: Route, rate_limiter: RateLimiter, authorization: list[str],
-    seen: list[UUID],
-) -> Token:
-    """The caller's token admitted for ``route``, or the 401/403/429 that says
-    why not, before anything else of the request is read (its body above all:
-    a client without a valid token holds nothing while it sends one slowly).
-    From the cache, else looked up: a crossing of its own, on a token's first
-    request in this process only. ``seen`` as in ``admit``."""
-    secret_hash = secret_hash_of(bearer_secret(authorization))
-    token = None
-    if secret_hash is not None:
-        token = service.tokens.get(secret_hash)
-        if token is None:
-            async with service.tokens.lookups:
-                version = service.tokens.version
-                token = await service.db.run(token_store.find_by_hash, secret_hash)
-            if token is not None:
-                service.tokens.put(secret_hash, token, version)
-    return admit(route, token, rate_limiter, seen)
 
 
 async def store_response(
@@ -274,11 +191,13 @@ async def _refused_input(
 async def run_on_trio(
     service: Service, route: Route, rate_limiter: RateLimiter, path_values: dict[str, str]
 ) -> Response:
+    version = service.tokens.version
     token = await authorize(service, route, rate_limiter)
     raw_body = b""
     if route.method in MUTATING:
         with rate_limiter.uploads.receiving(token.team_id):
             raw_body = await read_body(route.max_body_bytes(service.config))
+        await still_admitted(service, token, request.headers.getlist("Authorization"), version)
     key = (
         idempotency_key(one_key_header(request.headers.getlist(IDEMPOTENCY_HEADER)))
         if route.method in MUTATING else None
@@ -326,13 +245,14 @@ async def run_as_unit(
     serves them without it; HEAD requests and anything it passes on come here)."""
     seen: list[UUID] = []  # the admitted token's team, for the access log
     try:
-        token = await admission(
-            service, route, rate_limiter, request.headers.getlist("Authorization"), seen
-        )
+        version = service.tokens.version
+        authorization = request.headers.getlist("Authorization")
+        token = await admission(service, route, rate_limiter, authorization, seen)
         raw_body = b""
         if route.method in MUTATING:
             with rate_limiter.uploads.receiving(token.team_id):
                 raw_body = await read_body(route.max_body_bytes(service.config))
+            await still_admitted(service, token, authorization, version)
         key_header = one_key_header(request.headers.getlist(IDEMPOTENCY_HEADER))
         incoming = Incoming(
             token=token,
