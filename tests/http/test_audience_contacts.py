@@ -92,6 +92,12 @@ async def test_list_by_segment(client: httpx.AsyncClient) -> None:
     assert await emails(client, segment_id=segment["id"], unsubscribed="true") == []
     missing = await client.get("/contacts", params={"segment_id": str(uuid.uuid4())})
     assert "segment" in assert_error(missing, 404, "NOT_FOUND")
+    # An id in a query is written as in a path: one request, one fingerprint.
+    assert await emails(client, segment_id=segment["id"].upper()) == ["in@example.com"]
+    hexed = uuid.UUID(segment["id"]).hex
+    for spelling in ("{" + segment["id"] + "}", f"urn:uuid:{segment['id']}", hexed):
+        other = await client.get("/contacts", params={"segment_id": spelling})
+        assert "8-4-4-4-12" in assert_error(other, 400, "BAD_REQUEST"), spelling
 
 
 async def test_list_rejects_bad_filters(client: httpx.AsyncClient) -> None:

@@ -257,7 +257,8 @@ async def test_csv_import(client: httpx.AsyncClient) -> None:
         "ADA@example.com,,Lovelace,,,pro,3,yes,2027-01-31\n"
         '"grace@example.com","Grace ""Amazing""","Hopper, USN",+1 415 555 0100,true,,,,\n'
         "\n"
-        "alan@example.com,Alan,\"Turing\nof Bletchley\",,no,,1.5,0,\n"
+        # Spaces around a number, a boolean or a date are let go alike.
+        "alan@example.com,Alan,\"Turing\nof Bletchley\",,no,, 1.5 , 0 , 2028-03-01 \n"
         "bad-row@example.com,too,few\n"
         "x@example.com,,,,maybe,,,,\n"
         "y@example.com,,,,,,ten,,\n"
@@ -281,7 +282,7 @@ async def test_csv_import(client: httpx.AsyncClient) -> None:
     assert grace["unsubscribed"] is True and grace["normalized_phone"] == "+14155550100"
     alan = ok(await client.get("/contacts/alan@example.com"))
     assert alan["last_name"] == "Turing\nof Bletchley"
-    assert alan["properties"] == {"seats": 1.5, "vip": False}
+    assert alan["properties"] == {"seats": 1.5, "vip": False, "renews": "2028-03-01"}
 
 
 async def test_bodies_refused_as_a_whole(client: httpx.AsyncClient) -> None:

@@ -7,6 +7,7 @@ import os
 import sys
 import uuid
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import httpx
@@ -430,7 +431,7 @@ async def test_a_token_that_expires_while_its_body_arrives_writes_nothing(
     ):
         token = await make_token(expires_in=1.0)
         status, answer = await _upload_in_two_parts(
-            base_url, path, token.secret, body, lambda: trio.sleep(1.3))
+            base_url, path, token.secret, body, partial(trio.sleep, 1.3))
         assert status == 401 and "expired" in answer["error"]["message"], answer
         assert (await client.get(listed)).json()["data"]["data"] == []
 
@@ -456,5 +457,5 @@ async def test_a_token_revoked_while_its_body_arrives_writes_nothing(
     # A token that stays valid is let through as ever.
     status, answer = await _upload_in_two_parts(
         base_url, "/contacts", (await make_token()).secret, b'{"email": "on@example.com"}',
-        lambda: trio.sleep(0.1))
+        partial(trio.sleep, 0.1))
     assert status == 201 and answer["data"]["email"] == "on@example.com"

@@ -123,7 +123,9 @@ def property_from_text(kind: PropertyType, text: str, field: str) -> Any:
         return check_property_value(kind, _number(text.strip()), field)
     if kind == "boolean":
         return boolean_from_text(text, field)
-    return check_property_value(kind, text, field)
+    # A date, read with the spaces around it let go as a number's and a
+    # boolean's are (" 2024-01-31 " in a cell written by hand).
+    return check_property_value(kind, text.strip(), field)
 
 
 def _number(text: str) -> int | float:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tidings.http.contacts import stop_reason
 from tidings.http.envelope import bad_request, not_found
 from tidings.http.import_rows import MAX_ROWS, ImportContact, Parsed, Rejection, parse_body
+from tidings.http.parsing import QueryId
 from tidings.http.routing import Call, RawBody, Routes
 from tidings.storage import contact_import as store
 from tidings.storage import contact_properties as definitions
@@ -43,7 +44,7 @@ DEADLOCK_ATTEMPTS = 3
 class ImportQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    segment_id: UUID | None = Field(None, description="Add every imported contact to it")
+    segment_id: QueryId | None = Field(None, description="Add every imported contact to it")
 
 
 class ImportOut(BaseModel):

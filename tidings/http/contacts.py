@@ -26,7 +26,7 @@ from tidings.http.envelope import (
 )
 from tidings.http.models import NOT_EMPTY, UNCHANGED, ListQuery, RequestBody, never_null
 from tidings.http.paging import page
-from tidings.http.parsing import path_uuid
+from tidings.http.parsing import QueryId, path_uuid
 from tidings.http.routing import Answer, Call, Routes
 from tidings.phones import parse_phone
 from tidings.storage import contact_properties as definitions
@@ -140,7 +140,7 @@ class ContactList(BaseModel):
 
 class ContactQuery(ListQuery):
     email: str | None = Field(None, min_length=1, description="Exact, case-insensitive")
-    segment_id: UUID | None = Field(None, description="Members of this segment only")
+    segment_id: QueryId | None = Field(None, description="Members of this segment only")
     unsubscribed: bool | None = None
     search: str | None = Field(
         None, min_length=1, max_length=200,

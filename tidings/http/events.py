@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tidings.http.envelope import not_found
 from tidings.http.models import list_of
 from tidings.http.paging import Paging, page
+from tidings.http.parsing import QueryId
 from tidings.http.routing import Call, Routes
 from tidings.storage import events as store
 from tidings.webhooks.catalogue import EVENT_TYPES
@@ -44,7 +45,7 @@ class EventQuery(Paging):
     type: Annotated[str, Field(json_schema_extra={"enum": list(EVENT_TYPES)})] | None = Field(
         None, description="One type of the catalogue (GET /event-types)"
     )
-    message_id: UUID | None = None
+    message_id: QueryId | None = None
 
     @field_validator("type")
     @classmethod

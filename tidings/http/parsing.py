@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 import trio
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 from quart import request
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
@@ -30,6 +30,17 @@ def query_values() -> dict[str, Any]:
 # (idempotency) and an access log line name it one way. Python's UUID() also
 # takes braces, a "urn:uuid:" prefix and no hyphens.
 _UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+
+
+def _id_text(value: Any) -> Any:
+    if isinstance(value, str) and not _UUID_TEXT.fullmatch(value):
+        raise ValueError("must be a UUID written 8-4-4-4-12 hex digits with hyphens")
+    return value
+
+
+# An id in a query string, written as in a path, for the same reasons: the
+# query string is part of a request's fingerprint too.
+QueryId = Annotated[UUID, BeforeValidator(_id_text)]
 
 
 def path_uuid(raw: str) -> UUID | None:
