@@ -89,7 +89,7 @@ SCHEDULES = [
 INTEGERS = [
     "TIDINGS_DB_POOL_SIZE", "TIDINGS_MAX_BODY_BYTES", "TIDINGS_IMPORT_MAX_BODY_BYTES",
     "TIDINGS_RATE_LIMIT_BURST", "TIDINGS_MAX_IN_FLIGHT", "TIDINGS_MAX_DB_WAITERS",
-    "IDEMPOTENCY_RETENTION_SECONDS", "IDEMPOTENCY_LOCK_SECONDS",
+    "TIDINGS_MAX_CONNECTIONS", "IDEMPOTENCY_RETENTION_SECONDS", "IDEMPOTENCY_LOCK_SECONDS",
     "TIDINGS_EVENT_RETENTION_SECONDS", "TIDINGS_WEBHOOK_DELIVERY_RETENTION_SECONDS",
     "TIDINGS_RETENTION_BATCH_SIZE", "WEBHOOK_DELIVERY_AUTO_DISABLE_AFTER",
     "TIDINGS_WEBHOOK_CONCURRENCY", "TIDINGS_EMAIL_CONCURRENCY", "TIDINGS_BROADCAST_BATCH_SIZE",
@@ -310,3 +310,11 @@ def test_numbers_of_options_are_spelled_as_the_settings_are(
     done = tidings_in_process([*command, option, number], tmp_path, DATABASE_URL=UNREACHABLE)
     line = assert_usage_error(done, option)
     assert repr(number) in line
+
+
+def test_the_connection_cap_is_the_file_limit_unless_set() -> None:
+    assert Config.from_env({}).max_connections is None  # worked out when serving
+    assert Config.from_env({"TIDINGS_MAX_CONNECTIONS": " "}).max_connections is None
+    assert Config.from_env({"TIDINGS_MAX_CONNECTIONS": "500"}).max_connections == 500
+    with pytest.raises(SettingError, match="TIDINGS_MAX_CONNECTIONS must be at least 1"):
+        Config.from_env({"TIDINGS_MAX_CONNECTIONS": "0"})

@@ -60,11 +60,14 @@ async def serve_asgi(
     write_seconds: float = lean_connections.WRITE_SECONDS,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     observe: Callable[[str, str, int], None] | None = None,
+    max_connections: int | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the ASGI ``app`` on hypercorn, as Tidings serves its own.
     ``observe(method, route, status)`` counts the answers given before the
-    app saw the request (a request that could not be read).
+    app saw the request (a request that could not be read). At most
+    ``max_connections`` client connections are open at once (None: as many
+    as the open-file limit leaves room for; ``lean_connections.ConnectionCap``).
 
     Reports the bound addresses (``http://host:port``) once it accepts
     requests. On shutdown it stops accepting and lets in-flight requests
@@ -81,6 +84,10 @@ async def serve_asgi(
     http_config.keep_alive_timeout = keep_alive_seconds
     setattr(http_config, lean_connections.CONFIG_WRITE_SECONDS, write_seconds)  # noqa: B010
     setattr(http_config, CONFIG_OBSERVE, observe)  # noqa: B010
+    cap = lean_connections.ConnectionCap(
+        max_connections or lean_connections.default_max_connections()
+    )
+    setattr(http_config, lean_connections.CONFIG_CONNECTIONS, cap)
     stopping = trio.Event()
 
     async def stop_when_triggered() -> None:
@@ -110,6 +117,7 @@ async def serve_http(
         grace_seconds=service.config.shutdown_grace_seconds,
         shutdown_trigger=shutdown_trigger, task_status=task_status,
         observe=lambda method, route, status: service.metrics.observe(method, route, status, 0.0),
+        max_connections=service.config.max_connections,
     )
 
 

@@ -70,6 +70,9 @@ class Config:
     # requests that may wait for a pooled connection; beyond them, 503.
     max_in_flight: int = 64
     max_db_waiters: int = 10
+    # Client connections open at once; None: the open-file limit less a
+    # reserve (tidings.http.lean_connections.default_max_connections).
+    max_connections: int | None = None
 
     idempotency_retention_seconds: int = 86400
     idempotency_lock_seconds: int = 30
@@ -164,6 +167,10 @@ class Config:
             rate_limit_burst=_int(env, "TIDINGS_RATE_LIMIT_BURST", 200, minimum=1),
             max_in_flight=_int(env, "TIDINGS_MAX_IN_FLIGHT", 64, minimum=1),
             max_db_waiters=_int(env, "TIDINGS_MAX_DB_WAITERS", 10, minimum=0),
+            max_connections=(
+                _int(env, "TIDINGS_MAX_CONNECTIONS", 0, minimum=1)
+                if (env.get("TIDINGS_MAX_CONNECTIONS") or "").strip() else None
+            ),
             idempotency_retention_seconds=_int(
                 env, "IDEMPOTENCY_RETENTION_SECONDS", 86400, minimum=1
             ),

@@ -341,3 +341,42 @@ async def test_an_error_escaping_one_connection_ends_that_connection_alone(
         await stream.send_all(request("/after"))
         assert b'"/after"' in await read_response(stream)
     assert not server.stopped.is_set()
+
+
+async def test_past_its_cap_a_connection_is_answered_503_and_closed(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three connections at most: a fourth is told 503 and closed before
+    anything is read; once one of the three closes, a new one is served."""
+    stop = trio.Event()
+    binds = await nursery.start(lambda task_status: serve_asgi(
+        app, "127.0.0.1", 0, grace_seconds=1, keep_alive_seconds=30, write_seconds=WRITE,
+        shutdown_trigger=stop.wait, max_connections=3, task_status=task_status))
+    port = int(binds[0].rsplit(":", 1)[1])
+    held = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(3)]
+    for stream in held:  # each one served, and so counted
+        await stream.send_all(request("/held"))
+        assert b'"/held"' in await read_response(stream)
+    over = await trio.open_tcp_stream("127.0.0.1", port)
+    answer = b""
+    with trio.fail_after(5):
+        while chunk := await over.receive_some(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in head
+    assert b'"SERVICE_UNAVAILABLE"' in body and int(head.split(b"content-length: ")[1]) == len(body)
+    assert any("client connections open" in r.getMessage() for r in caplog.records)
+    await held.pop().aclose()
+    with trio.fail_after(5):
+        while True:  # the server notices the close
+            fresh = await trio.open_tcp_stream("127.0.0.1", port)
+            await fresh.send_all(request("/fresh"))
+            first = await fresh.receive_some(65536)
+            if not first.startswith(b"HTTP/1.1 503 "):
+                break
+            await fresh.aclose()
+            await trio.sleep(0.05)
+    assert first.startswith(b"HTTP/1.1 200 ")
+    for stream in (*held, fresh, over):
+        await stream.aclose()
+    stop.set()

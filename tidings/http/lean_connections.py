@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 from typing import Any
 
 import h11
@@ -47,6 +48,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from tidings.http.departure import DEPARTURE, Departure, departure_of
+from tidings.http.envelope import error_body
 from tidings.http.protocol_errors import EnvelopeH11Protocol
 
 log = logging.getLogger("tidings.http")
@@ -121,6 +123,60 @@ class KeepAliveTimer:
 # gone (CONFIG_WRITE_SECONDS on hypercorn's config sets it per server).
 WRITE_SECONDS = 30.0
 CONFIG_WRITE_SECONDS = "tidings_write_seconds"
+# The server's ConnectionCap, on hypercorn's config.
+CONFIG_CONNECTIONS = "tidings_connections"
+# Files kept for what is not a client connection (PostgreSQL, SMTP, webhook
+# receivers, logs) when the cap is worked out from the open-file limit.
+FILE_RESERVE = 1024
+MIN_CONNECTIONS = 64
+# How often a server at its cap says so in the log.
+CAP_LOG_SECONDS = 10.0
+# The answer to a connection over the cap, written before anything is read.
+OVER_CAP = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+
+
+def default_max_connections() -> int:
+    """The process's open-file limit less ``FILE_RESERVE``, at least ``MIN_CONNECTIONS``."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 100_000
+    return max(MIN_CONNECTIONS, soft - FILE_RESERVE)
+
+
+class ConnectionCap:
+    """How many client connections a server holds open at once.
+
+    Past the cap a new connection is answered 503 and closed before anything
+    is read from it: without a cap, clients that hold connections open (one
+    request every keep-alive period is enough) took every file the process
+    may open, and with them its connections to PostgreSQL and to the mail
+    and webhook servers, and its health probes.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self.refused = 0
+        self._logged_at = -math.inf
+
+    def enter(self) -> bool:
+        if self.open >= self.limit:
+            self.refused += 1
+            now = trio.current_time()
+            if now - self._logged_at >= CAP_LOG_SECONDS:
+                self._logged_at = now
+                log.warning("%d client connections open, the most allowed "
+                            "(TIDINGS_MAX_CONNECTIONS): refusing new ones (%d so far)",
+                            self.open, self.refused)
+            return False
+        self.open += 1
+        return True
+
+    def leave(self) -> None:
+        self.open -= 1
 
 
 class LeanTCPServer(TCPServer):
@@ -142,6 +198,10 @@ class LeanTCPServer(TCPServer):
         self._answered = trio.Event()
 
     async def run(self) -> None:
+        cap: ConnectionCap | None = getattr(self.config, CONFIG_CONNECTIONS, None)
+        if cap is not None and not cap.enter():
+            await self._refuse()
+            return
         # An error that escapes one connection's handling ends that
         # connection, not the server: hypercorn runs every connection in the
         # server's nursery, where it ended the serving of all of them.
@@ -149,6 +209,19 @@ class LeanTCPServer(TCPServer):
             await super().run()
         except Exception:
             log.exception("a connection failed and was closed; the server goes on")
+        finally:
+            if cap is not None:
+                cap.leave()
+
+    async def _refuse(self) -> None:
+        body = error_body("SERVICE_UNAVAILABLE", "the server holds as many connections as it "
+                          "may; retry shortly")
+        with trio.move_on_after(1):
+            try:
+                await self.stream.send_all(OVER_CAP % (len(body), body))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await self.stream.aclose()
 
     async def protocol_send(self, event: Any) -> None:
         if not isinstance(event, RawData):
