@@ -100,3 +100,19 @@ async def test_a_host_the_framework_cannot_encode_is_no_500(
         document = json.loads(body)
         assert "success" in document or "openapi" in document
     await still_serving(http)
+
+
+async def test_a_connection_that_asked_to_upgrade_goes_on_in_http_1_1(base_url: str) -> None:
+    """The switch refused (the answer is no 101), the connection carries the
+    next request as any other."""
+    for upgrade in (b"Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                    b"HTTP2-Settings: " + NO_SETTINGS.encode() + b"\r\n",
+                    b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                    b"Sec-WebSocket-Version: 13\r\n"):
+        status, _, body = await exchange(base_url, (
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + upgrade + b"\r\n"
+            b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+        assert status == 200, body
+        assert body.count(b"HTTP/1.1 200 ") == 1, body  # the second answer, after the first
+        assert b"101" not in body.split(b"\r\n", 1)[0]
