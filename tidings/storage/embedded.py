@@ -22,6 +22,23 @@ from pathlib import Path
 
 log = logging.getLogger("tidings.storage")
 
+
+class _LogNotShown(logging.Filter):
+    """pgserver logs the whole of PostgreSQL's log, since the data dir was
+    made, when a start fails: thousands of lines for one failed restart.
+    Its record keeps the first line and says where the log is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "Showing contents of postgres server log" in message:
+            first, _, rest = message.partition("\n")
+            where = rest.partition("(")[2].partition(")")[0]
+            record.msg, record.args = "%s (PostgreSQL's log: %s)", (first, where or "?")
+        return True
+
+
+logging.getLogger("pgserver").addFilter(_LogNotShown())
+
 def start_embedded(data_dir: Path) -> str:
     """Start (or join) the embedded PostgreSQL in ``data_dir``; return its admin URL.
 
@@ -140,8 +157,41 @@ def keep_embedded_running(data_dir: Path) -> None:
     turn tries again). Blocking: run it in a thread."""
     try:
         revive_embedded(data_dir)
-    except Exception:
-        log.exception("the embedded PostgreSQL in %s could not be started again", data_dir)
+    except Exception as error:
+        # One line: the next turn tries again, and a server still recovering
+        # from a crash may refuse a start or two.
+        log.warning("the embedded PostgreSQL in %s could not be started again: %s; "
+                    "trying again shortly (its log: %s)", data_dir, _reason(error),
+                    pgdata_of(data_dir) / "log")
+
+
+def _remove_locks_of(pid: int, pgdata: Path, socket_dir: Path | None) -> None:
+    """The lock files a server that has exited left: its data dir's and its
+    socket's (each names its pid on its first line)."""
+    locks = [pgdata / "postmaster.pid"]
+    if socket_dir is not None:
+        locks += Path(socket_dir).glob(".s.PGSQL.*.lock")
+    for lock in locks:
+        try:
+            if lock.read_text().split("\n", 1)[0].strip() == str(pid):
+                lock.unlink()
+        except OSError:
+            pass
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit of ``pid`` if it is a child of this process."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _reason(error: Exception) -> str:
+    returncode = getattr(error, "returncode", None)
+    if returncode is not None:
+        return f"pg_ctl ended with status {returncode}"
+    return f"{type(error).__name__}: {error}"[:300]
 
 
 def revive_embedded(data_dir: Path) -> bool:
@@ -158,7 +208,14 @@ def revive_embedded(data_dir: Path) -> bool:
     with PostgresServer._lock:
         info = PostmasterInfo.read_from_pgdata(pgdata)
         if info is not None and info.is_running():
-            return False
+            if process_exists(info.pid):
+                return False
+            # A zombie: the server has exited and the process that inherited
+            # it has not reaped it yet (slowly, or never: in a container
+            # whose first process is Tidings itself). pgserver and
+            # PostgreSQL take its pid for a running server; it is not one.
+            _reap(info.pid)
+            _remove_locks_of(info.pid, pgdata, info.socket_dir)
         log.warning("the embedded PostgreSQL in %s has stopped: starting it again", pgdata)
         server.ensure_postgres_running()
         return True
