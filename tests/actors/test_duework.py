@@ -191,10 +191,14 @@ class JobOfOwner:
             raise RuntimeError("this owner's data crashes its actor")
         if self._worker.hang:
             await trio.sleep_forever()
-        await trio.sleep(self._worker.work_seconds)
+        await trio.sleep(self._worker.seconds_of.get(item, self._worker.work_seconds))
+        self._worker.finished.append(item)
         return trio.current_time()
 
     async def record(self, done: Sequence[tuple[UUID, float]]) -> None:
+        if self._worker.failing_records > 0:
+            self._worker.failing_records -= 1
+            raise ConnectionRefusedError("storage is down (as the test has it)")
         async def unit(conn: AsyncioConnection) -> None:
             await conn.executemany(
                 LEASES.record, [(item, self._worker.id, at) for item, at in done]
@@ -226,6 +230,9 @@ class Worker:
         self.slow_release = slow_release  # seconds a release takes after it gave rows back
         self.poison = poison or set()
         self.performed: list[tuple[UUID, float]] = []
+        self.finished: list[UUID] = []  # performed to their end
+        self.seconds_of: dict[UUID, float] = {}  # a job's own time, else work_seconds
+        self.failing_records = 0  # records that fail, as in an outage, before they work
         self.given_up: list[UUID] = []
 
     def register(
@@ -368,6 +375,28 @@ async def test_two_owners_share_the_work_and_never_do_a_job_twice(
     performed = [job for job, _ in one.performed + two.performed]
     assert sorted(performed) == sorted(made)
     assert one.performed and two.performed
+
+
+async def test_a_record_that_storage_fails_cuts_no_row_in_flight_short(
+    db: StillDatabase, clock: trio.testing.MockClock
+) -> None:
+    """A quick row is done and its record fails (storage down) while a slow
+    one is still under way: the slow one goes on to its end (a send cut
+    short would go out again), and both are recorded once storage answers,
+    each performed once."""
+    worker = Worker()
+    owner = uuid4()
+    quick, slow = await add_jobs(db, owner, 0, 0)
+    worker.seconds_of = {quick: 0.1, slow: 3.0}
+    worker.failing_records = 1
+    async with open_runtime(db, listen=db.listen) as runtime:
+        worker.register(runtime, db, poll_seconds=0.5)
+        done = await wait_done(db, 2, within=60)
+        runtime.stop()
+    assert Counter(job for job, _ in worker.performed) == {quick: 1, slow: 1}
+    assert sorted(worker.finished) == sorted([quick, slow])
+    assert {row["attempts"] for row in done.values()} == {1}
+    assert worker.failing_records == 0
 
 
 async def test_an_owner_whose_actor_keeps_crashing_is_given_up(

@@ -132,3 +132,54 @@ async def test_an_email_sent_while_a_failed_record_waits_for_storage_is_recorded
                 assert trio.current_time() - back < 5
     assert sink.received("first@example.com") == 1
     assert sink.received("second@example.com") == 1
+
+
+class CountingHolds(Holds):
+    """``Holds``, counting the RCPT commands each address was given: an
+    attempt cut short mid-transaction and made again gives a second."""
+
+    def __init__(self, *held: str) -> None:
+        super().__init__(*held)
+        self.rcpts: dict[str, int] = {}
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
+    ) -> str:
+        self.rcpts[address] = self.rcpts.get(address, 0) + 1
+        return await super().handle_RCPT(server, session, envelope, address, options)
+
+
+async def test_an_outage_cuts_no_send_under_way_short(
+    proxy: DatabaseProxy, database_url: str, nursery: trio.Nursery
+) -> None:
+    """Storage goes away while one email is mid-transaction at the relay and
+    another's attempt ends (its record fails), long enough for lease
+    renewals (every second here) to fail too, and comes back while the first
+    is still under way. The first's transaction is not cut short (the
+    recipient mid-transaction of a cut attempt may get the message twice): it
+    goes on to its end, and both are recorded once, each sent once."""
+    sink = CountingHolds("slow@example.com", "quick@example.com")
+    with running_sink(sink) as port:
+        async with api(proxy.url, port, email_lease_seconds=6) as (service, base_url):
+            credential = await acme(service, base_url)
+            async with httpx.AsyncClient(base_url=base_url, headers=credential.headers) as client:
+                ids = [ok(await client.post("/emails", json={
+                    "from": SENDER, "to": to, "subject": "Hi", "text": "Hi",
+                }), 202)["id"] for to in ("slow@example.com", "quick@example.com")]
+                await until(lambda: len(sink.waiting) == 2)  # both mid-attempt
+                proxy.cut()
+                sink.held.discard("quick@example.com")  # its attempt ends: its record fails
+                await until(lambda: sink.received("quick@example.com") == 1)
+                await trio.sleep(2.5)  # past two renewals
+                await nursery.start(proxy.serve)
+                await trio.sleep(2)  # storage answers; the slow one is still under way
+                sink.held.discard("slow@example.com")
+
+                async def both_sent() -> bool:
+                    return [await status(database_url, i) for i in ids] == ["sent", "sent"]
+
+                await until(both_sent, within=20)
+                sent = [e for i in ids for e in await events(client, i) if e["type"] == "sent"]
+    assert sink.rcpts == {"slow@example.com": 1, "quick@example.com": 1}
+    assert sink.received("slow@example.com") == 1 and sink.received("quick@example.com") == 1
+    assert sorted(e["recipient"] for e in sent) == ["quick@example.com", "slow@example.com"]

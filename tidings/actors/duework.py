@@ -38,6 +38,7 @@ from tidings.actors.policy import DEFAULT_BACKOFF, Backoff, Intensity
 from tidings.actors.supervisor import Actor, GiveUp, Supervisor
 from tidings.storage.connection import AsyncioConnection
 from tidings.storage.db import Database
+from tidings.storage.errors import outage
 
 log = logging.getLogger("tidings.actors")
 
@@ -339,9 +340,17 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
             if batch:
                 try:
                     await self._job.record(batch)
-                except BaseException:
-                    # Not recorded (shutdown cut it short, or storage failed):
-                    # hand the rows back rather than wait for the leases.
+                except Exception as error:
+                    if outage(error):
+                        # Nothing more is claimed; the rows in flight finish (one cut short
+                        # may be done twice) and all are recorded as the actor ends (_settle).
+                        self._done[:0] = batch
+                        self._failing = True
+                        self._poked.set()
+                        return
+                    await self._hand_back([item for item, _ in batch])
+                    raise
+                except BaseException:  # a shutdown cut it short: hand the rows back
                     await self._hand_back([item for item, _ in batch])
                     raise
                 for item, _outcome in batch:

@@ -25,6 +25,9 @@ from tidings.storage.errors import outage
 
 log = logging.getLogger("tidings.emails")
 
+# How soon a lease renewal that storage failed is tried again.
+RENEW_RETRY_SECONDS = 0.5
+
 FOLLOWUPS = "followups"
 
 
@@ -119,12 +122,25 @@ class SendJob:
     async def _renew(self) -> None:
         emails = self._emails
         lease = emails.config.email_lease_seconds
+        wait = lease / 3
         while True:
-            await trio.sleep(lease / 3)
+            await trio.sleep(wait)
+            wait = lease / 3
             held = list(self._held)
             if held:
                 asked = trio.current_time()
-                kept = await emails.db.run(store.renew, held, emails.owner, lease)
+                try:
+                    kept = await emails.db.run(store.renew, held, emails.owner, lease)
+                except Exception as error:
+                    if not outage(error):
+                        raise
+                    # Storage is down: the leases stay as they were, and no
+                    # hand-over begins past their ends (``may_begin``), as
+                    # after a stall. Raising would cut every send under way
+                    # short, and the recipient mid-transaction of each could
+                    # get the message twice.
+                    wait = RENEW_RETRY_SECONDS
+                    continue
                 # Not those recorded or released meanwhile: their leases ended here.
                 self._lost.update((set(held) - kept) & self._held)
                 self._ends.update((key, asked + lease) for key in kept & self._held)
