@@ -39,6 +39,7 @@ class _LogNotShown(logging.Filter):
 
 logging.getLogger("pgserver").addFilter(_LogNotShown())
 
+
 def start_embedded(data_dir: Path) -> str:
     """Start (or join) the embedded PostgreSQL in ``data_dir``; return its admin URL.
 
