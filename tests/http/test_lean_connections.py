@@ -11,6 +11,7 @@ write.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -364,6 +365,7 @@ async def test_past_its_cap_a_connection_is_answered_503_and_closed(
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in head
+    assert re.search(rb"x-request-id: [0-9a-f]{32}\r\n", head)  # as every answer
     assert b'"SERVICE_UNAVAILABLE"' in body and int(head.split(b"content-length: ")[1]) == len(body)
     assert any("client connections open" in r.getMessage() for r in caplog.records)
     await held.pop().aclose()

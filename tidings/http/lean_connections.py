@@ -50,6 +50,7 @@ from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from tidings.http.departure import DEPARTURE, Departure, departure_of
 from tidings.http.envelope import error_body
 from tidings.http.protocol_errors import EnvelopeH11Protocol
+from tidings.logging_setup import choose_request_id
 
 log = logging.getLogger("tidings.http")
 
@@ -134,7 +135,8 @@ CAP_LOG_SECONDS = 10.0
 # The answer to a connection over the cap, written before anything is read.
 OVER_CAP = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+    b"retry-after: 1\r\nconnection: close\r\nx-request-id: %s\r\n"
+    b"content-length: %d\r\n\r\n%s"
 )
 
 
@@ -218,7 +220,8 @@ class LeanTCPServer(TCPServer):
                           "may; retry shortly")
         with trio.move_on_after(1):
             try:
-                await self.stream.send_all(OVER_CAP % (len(body), body))
+                rid = choose_request_id(None).encode()
+                await self.stream.send_all(OVER_CAP % (rid, len(body), body))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
         await self.stream.aclose()
