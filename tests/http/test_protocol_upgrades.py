@@ -116,3 +116,26 @@ async def test_a_connection_that_asked_to_upgrade_goes_on_in_http_1_1(base_url: 
         assert status == 200, body
         assert body.count(b"HTTP/1.1 200 ") == 1, body  # the second answer, after the first
         assert b"101" not in body.split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize("target", [b"http://[::1/livez", b"http://[zz]/livez", b"HTTP://[/x"])
+async def test_a_whole_uri_that_is_no_uri_is_400(
+    base_url: str, http: httpx.AsyncClient, target: bytes
+) -> None:
+    status, headers, body = await exchange(
+        base_url, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert "request line" in assert_envelope(status, headers, body, 400)
+    await still_serving(http)
+
+
+async def test_an_error_answer_to_a_head_is_its_head(base_url: str) -> None:
+    """The status line and headers, without the body a GET would get."""
+    for request, expected in (
+        (b"HEAD ? HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"HEAD * HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        (b"HEAD /livez HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 17000 + b"\r\n\r\n", 431),
+    ):
+        status, headers, body = await exchange(base_url, request)
+        assert status == expected and body == b"", (status, body)
+        assert headers["content-type"] == "application/json"
+        assert headers["connection"] == "close" and int(headers["content-length"]) > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from itertools import chain
 from typing import Any
+from urllib.parse import urlsplit
 
 import h11
 import trio
@@ -60,7 +61,13 @@ def target_is_valid(method: bytes, target: bytes) -> bool:
         return True
     if target == b"*":
         return method == b"OPTIONS"
-    return _ABSOLUTE_FORM.match(target) is not None
+    if _ABSOLUTE_FORM.match(target) is None:
+        return False
+    try:  # as the application will read it: "http://[::1/x" is no URI
+        urlsplit(target.decode("latin-1"))
+    except ValueError:
+        return False
+    return True
 
 
 class _Connection(h11.Connection):
@@ -204,6 +211,9 @@ class EnvelopeH11Protocol(H11Protocol):
                 headers=list(chain(headers, self.config.response_headers("h11"))),
             )
         )
-        await self._send_h11_event(h11.Data(data=body))
+        # The answer to a HEAD has no body (h11 refuses one, and the status
+        # line, held back to go out with it, was lost).
+        if getattr(self.connection, "_request_method", None) != b"HEAD":
+            await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 
