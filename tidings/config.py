@@ -167,10 +167,8 @@ class Config:
             rate_limit_burst=_int(env, "TIDINGS_RATE_LIMIT_BURST", 200, minimum=1),
             max_in_flight=_int(env, "TIDINGS_MAX_IN_FLIGHT", 64, minimum=1),
             max_db_waiters=_int(env, "TIDINGS_MAX_DB_WAITERS", 10, minimum=0),
-            max_connections=(
-                _int(env, "TIDINGS_MAX_CONNECTIONS", 0, minimum=1)
-                if (env.get("TIDINGS_MAX_CONNECTIONS") or "").strip() else None
-            ),
+            # Unset (0, never a valid value): worked out when serving.
+            max_connections=_int(env, "TIDINGS_MAX_CONNECTIONS", 0, minimum=1) or None,
             idempotency_retention_seconds=_int(
                 env, "IDEMPOTENCY_RETENTION_SECONDS", 86400, minimum=1
             ),

@@ -79,6 +79,13 @@ async def test_an_email_whose_recording_failed_in_an_outage_is_recorded_once_sto
     assert all(sink.received(address) == 1 for address in RECIPIENTS)
 
 
+async def send_each(client: httpx.AsyncClient, *addresses: str) -> list[str]:
+    """One email to each address; their ids."""
+    return [ok(await client.post("/emails", json={
+        "from": SENDER, "to": to, "subject": "Hi", "text": "Hi",
+    }), 202)["id"] for to in addresses]
+
+
 class Holds(Sink):
     """Keeps each address in ``held`` waiting at RCPT until it is let go."""
 
@@ -111,9 +118,7 @@ async def test_an_email_sent_while_a_failed_record_waits_for_storage_is_recorded
         async with api(proxy.url, port) as (service, base_url):
             credential = await acme(service, base_url)
             async with httpx.AsyncClient(base_url=base_url, headers=credential.headers) as client:
-                ids = [ok(await client.post("/emails", json={
-                    "from": SENDER, "to": to, "subject": "Hi", "text": "Hi",
-                }), 202)["id"] for to in ("first@example.com", "second@example.com")]
+                ids = await send_each(client, "first@example.com", "second@example.com")
                 await until(lambda: len(sink.waiting) == 2)  # both mid-attempt
                 proxy.cut()
                 sink.held.discard("first@example.com")  # its record fails
@@ -163,9 +168,7 @@ async def test_an_outage_cuts_no_send_under_way_short(
         async with api(proxy.url, port, email_lease_seconds=6) as (service, base_url):
             credential = await acme(service, base_url)
             async with httpx.AsyncClient(base_url=base_url, headers=credential.headers) as client:
-                ids = [ok(await client.post("/emails", json={
-                    "from": SENDER, "to": to, "subject": "Hi", "text": "Hi",
-                }), 202)["id"] for to in ("slow@example.com", "quick@example.com")]
+                ids = await send_each(client, "slow@example.com", "quick@example.com")
                 await until(lambda: len(sink.waiting) == 2)  # both mid-attempt
                 proxy.cut()
                 sink.held.discard("quick@example.com")  # its attempt ends: its record fails

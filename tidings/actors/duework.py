@@ -340,17 +340,15 @@ class LeasedWorker(Actor[Wake], Generic[ItemT, OutcomeT]):
             if batch:
                 try:
                     await self._job.record(batch)
-                except Exception as error:
-                    if outage(error):
+                except BaseException as error:
+                    if isinstance(error, Exception) and outage(error):
                         # Nothing more is claimed; the rows in flight finish (one cut short
                         # may be done twice) and all are recorded as the actor ends (_settle).
                         self._done[:0] = batch
                         self._failing = True
                         self._poked.set()
                         return
-                    await self._hand_back([item for item, _ in batch])
-                    raise
-                except BaseException:  # a shutdown cut it short: hand the rows back
+                    # Not recorded otherwise (a shutdown cut it short): hand the rows back.
                     await self._hand_back([item for item, _ in batch])
                     raise
                 for item, _outcome in batch:

@@ -46,17 +46,23 @@ def secret_hash_of(secret: str) -> bytes | None:
     return token_store.hash_secret(secret)
 
 
-def admit(
-    route: Route, token: Token | None, rate_limiter: RateLimiter, seen: list[UUID] | None = None
-) -> Token:
-    """``token`` may call ``route`` now, or the 401/403/429 that says why not.
-    An authentic token adds its team to ``seen`` (for the access log)."""
+def live(token: Token | None) -> Token:
+    """``token`` if it is one that is neither revoked nor expired; else 401."""
     if token is None:
         raise unauthorized("invalid token", "invalid_token")
     if token.revoked_at is not None:
         raise unauthorized("token has been revoked", "invalid_token")
     if token.expired:
         raise unauthorized("token has expired", "invalid_token")
+    return token
+
+
+def admit(
+    route: Route, token: Token | None, rate_limiter: RateLimiter, seen: list[UUID] | None = None
+) -> Token:
+    """``token`` may call ``route`` now, or the 401/403/429 that says why not.
+    An authentic token adds its team to ``seen`` (for the access log)."""
+    token = live(token)
     if seen is not None:
         seen.append(token.team_id)
     if route.permission is not None and route.permission not in token.permissions:
@@ -103,8 +109,7 @@ async def still_admitted(
     be. ``version`` is the token cache's when the token was admitted; while
     it has not moved, nothing was revoked since.
     """
-    if token.expired:
-        raise unauthorized("token has expired", "invalid_token")
+    live(token)
     if service.tokens.version == version:
         return
     secret_hash = secret_hash_of(bearer_secret(authorization))
@@ -112,8 +117,4 @@ async def still_admitted(
     cached = service.tokens.get(secret_hash)
     if cached is not None and cached.id == token.id:
         return
-    found = await service.db.run(token_store.find_by_hash, secret_hash)
-    if found is None or found.revoked_at is not None:
-        raise unauthorized("token has been revoked", "invalid_token")
-    if found.expired:
-        raise unauthorized("token has expired", "invalid_token")
+    live(await service.db.run(token_store.find_by_hash, secret_hash))
